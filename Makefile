@@ -1,0 +1,41 @@
+# The README's two commands: `make demo` and `make test`.
+PY := .venv/bin/python
+PYTEST := $(PY) -m pytest
+ADDR ?= 127.0.0.1:50051
+
+.PHONY: install install-test protogen serve demo smoke unit e2e test bench soak clean
+
+install:
+	./install.sh
+
+install-test:
+	./install.sh --test
+
+protogen: install
+	$(PY) -m grpc_tools.protoc -I. --python_out=backend --grpc_python_out=backend backend.proto
+
+serve: install
+	$(PY) backend/backend.py --addr $(ADDR)
+
+demo: install
+	$(PY) backend/demo.py
+
+smoke: install
+	$(PY) backend/test.py
+
+unit: install-test
+	$(PYTEST) -q tests -m "not e2e"
+
+e2e: install-test
+	$(PYTEST) -q tests -m e2e
+
+test: install-test
+	$(PYTEST) -q tests
+	$(PY) backend/test.py
+
+bench: install-test
+	$(PY) tests/bench.py
+
+clean:
+	rm -rf .venv backend/backend_pb2.py backend/backend_pb2_grpc.py .pytest_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

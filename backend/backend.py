@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""The MLX backend process: a gRPC server speaking the host's Backend contract.
+
+The servicer is thin: it turns proto messages into engine Requests (on the
+preparation thread) and engine Events into Replies. The event loop never runs
+MLX or blocks; the engine thread does all model work.
+"""
+
+import argparse
+import asyncio
+import concurrent.futures
+import logging
+import os
+import signal
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]
+
+OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3"
+
+
+def _maybe_preload_openblas() -> None:
+    """Re-exec with Debian's OpenBLAS preloaded on Linux CPUs.
+
+    mlx-cpu's bundled reference BLAS is 5-15x slower for float32 matmuls;
+    LD_PRELOAD only works before the process starts, hence the exec (same pid,
+    so the host's process handling is unchanged). MLX_BACKEND_OPENBLAS=0 opts out.
+    """
+    if not sys.platform.startswith("linux") or os.environ.get("MLX_BACKEND_OPENBLAS", "1") == "0":
+        return
+    preload = os.environ.get("LD_PRELOAD", "")
+    lib = os.environ.get("MLX_BACKEND_OPENBLAS_LIB", OPENBLAS)
+    if "openblas" in preload or not os.path.exists(lib):
+        return
+    env = dict(os.environ, LD_PRELOAD=f"{lib}:{preload}" if preload else lib)
+    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+
+
+if __name__ == "__main__":
+    _maybe_preload_openblas()
+
+import grpc  # noqa: E402
+
+import backend_pb2  # noqa: E402
+import backend_pb2_grpc  # noqa: E402
+from common.python_utils import OptionError, option_int, parse_options  # noqa: E402
+from engine import Engine, EngineError  # noqa: E402
+
+log = logging.getLogger("mlx-backend")
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class BackendServicer(backend_pb2_grpc.BackendServicer):
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        # Chat templates and tokenizers run here, off the event loop.
+        self.prep = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="prep")
+
+    # ---- helpers ------------------------------------------------------------
+
+    async def _fail(self, context, code: str, message: str):
+        await context.abort(getattr(grpc.StatusCode, code), message)
+
+    def _loaded(self):
+        lm = self.engine.model
+        if lm is None:
+            raise EngineError("FAILED_PRECONDITION", "mlx: model not loaded")
+        return lm
+
+    def _check_identity(self, lm, identity: str):
+        if identity and lm.name and identity != lm.name:
+            raise EngineError(
+                "NOT_FOUND", f"mlx: model identity mismatch: loaded {lm.name!r}, requested {identity!r}")
+
+    async def _prepared(self, request, context):
+        """(loaded model, engine Request) for a PredictOptions, or abort."""
+        import prepare
+
+        try:
+            lm = self._loaded()
+            self._check_identity(lm, request.ModelIdentity)
+            epoch = self.engine.epoch
+            req = await asyncio.get_running_loop().run_in_executor(
+                self.prep, prepare.build_request, lm, request, epoch)
+            return lm, req
+        except OptionError as e:
+            await self._fail(context, "INVALID_ARGUMENT", str(e))
+        except EngineError as e:
+            await self._fail(context, e.code, str(e))
+
+    @staticmethod
+    def _reply(ev, text: str) -> "backend_pb2.Reply":
+        reply = backend_pb2.Reply(
+            message=text.encode("utf-8"), tokens=ev.tokens, prompt_tokens=ev.prompt_tokens,
+            timing_prompt_processing=ev.prompt_ms, timing_token_generation=ev.gen_ms)
+        if text:
+            reply.chat_deltas.append(backend_pb2.ChatDelta(content=text))
+        return reply
+
+    # ---- RPCs -----------------------------------------------------------------
+
+    async def Health(self, request, context):
+        return backend_pb2.Reply(message=b"OK")
+
+    async def LoadModel(self, request, context):
+        import model_loader
+
+        try:
+            options = parse_options(request.Options)
+            spec = model_loader.LoadSpec(
+                model=request.Model, model_file=request.ModelFile, model_path=request.ModelPath,
+                options=options,
+                context_size=request.ContextSize or option_int(options, "context_size", 0, minimum=1),
+                dtype=(request.DType or str(options.get("dtype", "auto"))).lower(),
+                trust_remote_code=request.TrustRemoteCode or bool(options.get("trust_remote_code")))
+            config = self._engine_config(options)
+        except OptionError as e:
+            return backend_pb2.Result(success=False, message=f"invalid option: {e}")
+
+        def load(engine):
+            loaded = model_loader.load(spec)
+            engine.config = config
+            engine.replace_model(loaded)
+            return loaded
+
+        try:
+            lm = await asyncio.wrap_future(self.engine.call(load))
+        except (model_loader.ModelNotFound, model_loader.ModelLoadError) as e:
+            log.error("LoadModel failed: %s", e)
+            return backend_pb2.Result(success=False, message=str(e))
+        except Exception as e:
+            log.exception("LoadModel failed")
+            return backend_pb2.Result(success=False, message=f"{type(e).__name__}: {e}")
+        return backend_pb2.Result(
+            success=True, message=f"loaded {lm.source} (dtype {lm.dtype}, context {lm.context_size})")
+
+    def _engine_config(self, options):
+        from engine import EngineConfig
+
+        d = EngineConfig()
+        return EngineConfig(
+            max_sequences=option_int(options, "max_sequences", d.max_sequences, minimum=1),
+            prefill_step_size=option_int(options, "prefill_step_size", d.prefill_step_size, minimum=16),
+            prefill_batch_size=option_int(options, "prefill_batch_size", d.prefill_batch_size, minimum=1),
+            prompt_cache_bytes=option_int(options, "prompt_cache_bytes", d.prompt_cache_bytes, minimum=0),
+            prompt_cache_entries=option_int(options, "prompt_cache_entries", d.prompt_cache_entries, minimum=1),
+        )
+
+    async def Free(self, request, context):
+        await asyncio.wrap_future(self.engine.call(lambda engine: engine.replace_model(None)))
+        return backend_pb2.Result(success=True, message="model freed")
+
+    async def PredictStream(self, request, context):
+        _, req = await self._prepared(request, context)
+        try:
+            async for ev in self.engine.stream(req):
+                if ev.text or ev.finish:
+                    yield self._reply(ev, ev.text)
+        except EngineError as e:
+            await self._fail(context, e.code, str(e))
+
+    async def Predict(self, request, context):
+        _, req = await self._prepared(request, context)
+        parts, last = [], None
+        try:
+            async for ev in self.engine.stream(req):
+                parts.append(ev.text)
+                last = ev
+        except EngineError as e:
+            await self._fail(context, e.code, str(e))
+        return self._reply(last, "".join(parts))
+
+    async def TokenizeString(self, request, context):
+        import prepare
+
+        try:
+            lm = self._loaded()
+            self._check_identity(lm, request.ModelIdentity)
+            tokens = await asyncio.get_running_loop().run_in_executor(
+                self.prep, prepare.prompt_tokens, lm, request)
+        except OptionError as e:
+            await self._fail(context, "INVALID_ARGUMENT", str(e))
+        except EngineError as e:
+            await self._fail(context, e.code, str(e))
+        return backend_pb2.TokenizationResponse(length=len(tokens), tokens=tokens)
+
+    async def Detokenize(self, request, context):
+        try:
+            lm = self._loaded()
+        except EngineError as e:
+            await self._fail(context, e.code, str(e))
+        vocab = len(lm.tokenizer)
+        bad = [t for t in request.tokens if not 0 <= t < vocab]
+        if bad:
+            await self._fail(context, "INVALID_ARGUMENT", f"tokens: ids out of range [0, {vocab}): {bad[:5]}")
+        text = await asyncio.get_running_loop().run_in_executor(
+            self.prep, lm.tokenizer.decode, list(request.tokens))
+        return backend_pb2.DetokenizeResponse(content=text)
+
+    async def Status(self, request, context):
+        State = backend_pb2.StatusResponse.State
+        if self.engine.model is None:
+            state = State.UNINITIALIZED
+        else:
+            state = State.BUSY if self.engine.busy else State.READY
+        mem = dict(self.engine.memory)
+        return backend_pb2.StatusResponse(
+            state=state, memory=backend_pb2.MemoryUsageData(total=mem.get("active", 0), breakdown=mem))
+
+    async def GetMetrics(self, request, context):
+        m = self.engine.metrics
+        return backend_pb2.MetricsResponse(
+            tokens_per_second=m["tokens_per_second"], tokens_generated=m["tokens_generated"],
+            prompt_tokens_processed=m["prompt_tokens_processed"])
+
+
+async def serve(addr: str) -> None:
+    engine = Engine()
+    server = grpc.aio.server(options=[
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ])
+    backend_pb2_grpc.add_BackendServicer_to_server(BackendServicer(engine), server)
+    if server.add_insecure_port(addr) == 0:
+        raise SystemExit(f"cannot listen on {addr}")
+    await server.start()
+    log.info("serving on %s (pid %d)", addr, os.getpid())
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await server.stop(grace=5)
+    engine.stop()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description="MLX backend for LocalAI-style hosts")
+    parser.add_argument("--addr", default="localhost:50051", help="HOST:PORT to listen on")
+    parser.add_argument("--log-level", default=os.environ.get("MLX_BACKEND_LOG_LEVEL", "INFO"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(args.addr))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,340 @@
+"""The engine: one thread owns the model and every MLX call.
+
+Requests enter through a thread-safe inbox and come back as an async stream of
+Events. Every active request sits in one mlx-lm BatchGenerator (continuous
+batching: a request joins at the next step and leaves when done), each with
+its own sampler, logits processors, token budget and text pipeline. Finished
+and cancelled requests leave their KV cache in mlx-lm's LRUPromptCache (a trie
+over token ids, bounded by bytes) for the next request sharing the prefix.
+"""
+
+import asyncio
+import concurrent.futures
+import gc
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional
+
+from common.mlx_utils import TextPipeline
+from sampling import SamplingParams
+
+log = logging.getLogger("mlx-backend.engine")
+
+
+class EngineError(Exception):
+    """A request failed; `code` is the gRPC status name the servicer sends."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Request:
+    prompt: List[int]
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stops: List[str] = field(default_factory=list)
+    model_epoch: int = 0
+    id: int = 0
+    label: str = ""
+
+
+@dataclass
+class Event:
+    text: str = ""
+    tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    prompt_ms: float = 0.0
+    gen_ms: float = 0.0
+    finish: Optional[str] = None  # "stop" | "length" | "cancelled"
+    error: Optional[EngineError] = None
+
+
+@dataclass
+class EngineConfig:
+    max_sequences: int = 8
+    prefill_step_size: int = 512
+    prefill_batch_size: int = 8
+    prompt_cache_bytes: int = 1 << 30
+    prompt_cache_entries: int = 64
+
+
+@dataclass
+class _Slot:
+    request: Request
+    sink: Callable[[Event], None]
+    pipeline: TextPipeline
+    uid: int = -1
+    cached: int = 0
+    tokens: int = 0
+    t_admit: float = 0.0
+    t_first: float = 0.0
+
+    def event(self, text="", finish=None, error=None) -> Event:
+        now = time.perf_counter()
+        first = self.t_first or now
+        return Event(
+            text=text, tokens=self.tokens, prompt_tokens=len(self.request.prompt),
+            cached_tokens=self.cached, prompt_ms=(first - self.t_admit) * 1000.0,
+            gen_ms=(now - first) * 1000.0 if self.t_first else 0.0,
+            finish=finish, error=error)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig = None):
+        self.config = config or EngineConfig()
+        self.model = None  # model_loader.LoadedModel, set and cleared in the engine thread
+        self.epoch = 0
+        self.memory: Dict[str, int] = {}
+        self.metrics = {"tokens_generated": 0, "prompt_tokens_processed": 0, "tokens_per_second": 0.0}
+        self._inbox: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._ids = itertools.count(1)
+        self._slots: Dict[int, _Slot] = {}  # by BatchGenerator uid
+        self._waiting: Deque[_Slot] = deque()
+        self._gen = None
+        self._prompt_cache = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="mlx-engine", daemon=True)
+        self._thread.start()
+
+    # ---- called from any thread -------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._slots or self._waiting)
+
+    def call(self, fn: Callable, *args) -> concurrent.futures.Future:
+        """Run fn(engine, *args) in the engine thread (load, free, ...)."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._inbox.put(("call", fn, args, fut))
+        return fut
+
+    async def stream(self, request: Request) -> AsyncIterator[Event]:
+        """Submit a request; yields its Events until the last one (finish set)."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        request.id = next(self._ids)
+
+        def sink(ev: Event) -> None:
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, ev)
+            except RuntimeError:  # the loop is gone (shutdown): nobody listens
+                pass
+
+        self._inbox.put(("submit", request, sink))
+        done = False
+        try:
+            while not done:
+                ev = await events.get()
+                done = ev.finish is not None or ev.error is not None
+                if ev.error is not None:
+                    raise ev.error
+                yield ev
+        finally:
+            if not done:  # the client left: free the slot at the next step
+                self._inbox.put(("cancel", request.id))
+
+    def stop(self) -> None:
+        self._inbox.put(("stop",))
+        self._thread.join(timeout=10)
+
+    # ---- engine thread ----------------------------------------------------
+
+    def _run(self) -> None:
+        import mlx.core as mx
+
+        self._mx = mx
+        self._stream = mx.default_stream(mx.default_device())
+        last_mem = 0.0
+        while not self._stopping:
+            try:
+                self._drain_inbox(block=not self.busy)
+                self._admit()
+                if self._slots:
+                    self._step()
+                now = time.monotonic()
+                if now - last_mem > 0.5:
+                    self._update_memory()
+                    last_mem = now
+            except Exception:  # a bug: fail what is in flight, keep serving
+                log.exception("engine step failed; failing the requests in flight")
+                self._fail_all(EngineError("INTERNAL", "internal engine error (see the backend log)"))
+                self._reset_generator()
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=None) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, item) -> None:
+        kind = item[0]
+        if kind == "submit":
+            _, request, sink = item
+            self._enqueue(request, sink)
+        elif kind == "cancel":
+            self._cancel(item[1])
+        elif kind == "call":
+            _, fn, args, fut = item
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(self, *args))
+                except BaseException as e:  # delivered to the caller
+                    fut.set_exception(e)
+        elif kind == "stop":
+            self._fail_all(EngineError("CANCELLED", "the backend is shutting down"))
+            self._stopping = True
+
+    def _enqueue(self, request: Request, sink) -> None:
+        lm = self.model
+        if lm is None:
+            sink(Event(error=EngineError("FAILED_PRECONDITION", "mlx: model not loaded")))
+            return
+        if request.model_epoch != self.epoch:
+            sink(Event(error=EngineError("ABORTED", "the model was reloaded while the request was prepared")))
+            return
+        pipeline = TextPipeline(lm.tokenizer.detokenizer, request.stops)
+        self._waiting.append(_Slot(request=request, sink=sink, pipeline=pipeline))
+
+    def _admit(self) -> None:
+        from mlx_lm.generate import BatchGenerator, StopSequences
+        from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
+
+        from sampling import make_processors, make_sampler
+
+        while self._waiting and len(self._slots) < self.config.max_sequences:
+            slot = self._waiting.popleft()
+            lm, req = self.model, slot.request
+            if self._gen is None:
+                self._gen = BatchGenerator(
+                    lm.model, completion_batch_size=self.config.max_sequences,
+                    prefill_batch_size=self.config.prefill_batch_size,
+                    prefill_step_size=self.config.prefill_step_size, stream=self._stream)
+                self._prompt_cache = LRUPromptCache(
+                    max_size=self.config.prompt_cache_entries, max_bytes=self.config.prompt_cache_bytes)
+                self._eos = StopSequences([(t,) for t in lm.tokenizer.eos_token_ids])
+            cache, rest = self._prompt_cache.fetch_nearest_cache(self.epoch, req.prompt)
+            if cache is not None and not rest:
+                # The whole prompt is cached: recompute its last token for the logits.
+                if can_trim_prompt_cache(cache):
+                    trim_prompt_cache(cache, 1)
+                    rest = req.prompt[-1:]
+                else:
+                    cache, rest = None, req.prompt
+            slot.cached = len(req.prompt) - len(rest)
+            slot.t_admit = time.perf_counter()
+            (slot.uid,) = self._gen.insert(
+                [rest], max_tokens=[req.max_tokens], caches=[cache],
+                all_tokens=[req.prompt[: slot.cached]],
+                samplers=[make_sampler(req.sampling, len(lm.tokenizer))],
+                logits_processors=[make_processors(req.sampling)],
+                stop_sequences=[self._eos])
+            self._slots[slot.uid] = slot
+            self.metrics["prompt_tokens_processed"] += len(rest)
+            log.debug("request %d admitted: %d prompt tokens, %d cached", req.id, len(req.prompt), slot.cached)
+
+    def _step(self) -> None:
+        started = time.perf_counter()
+        _, responses = self._gen.next()
+        finished = []
+        for r in responses:
+            slot = self._slots.get(r.uid)
+            if slot is None:
+                continue
+            if not slot.t_first:
+                slot.t_first = time.perf_counter()
+            if r.finish_reason == "stop":  # an end-of-sequence token: not text
+                self._finish(slot, "stop", slot.pipeline.finalize(), r.prompt_cache, r.all_tokens)
+                continue
+            slot.tokens += 1
+            text = slot.pipeline.add_token(r.token)
+            if slot.pipeline.stopped:
+                finished.append(slot)
+                slot.sink(slot.event(text))
+            elif r.finish_reason == "length":
+                self._finish(slot, "length", text + slot.pipeline.finalize(), r.prompt_cache, r.all_tokens)
+            elif text:
+                slot.sink(slot.event(text))
+        if finished:
+            caches = self._gen.remove([s.uid for s in finished], return_prompt_caches=True)
+            for slot in finished:
+                cache, tokens = caches.get(slot.uid, (None, None))
+                self._finish(slot, "stop", "", cache, tokens)
+        if responses:
+            self.metrics["tokens_generated"] += len(responses)
+            rate = len(responses) / max(time.perf_counter() - started, 1e-6)
+            self.metrics["tokens_per_second"] = 0.8 * self.metrics["tokens_per_second"] + 0.2 * rate
+
+    def _finish(self, slot: _Slot, reason: str, text: str, cache=None, tokens=None) -> None:
+        self._slots.pop(slot.uid, None)
+        if cache is not None and tokens:
+            self._prompt_cache.insert_cache(self.epoch, list(tokens), cache)
+        ev = slot.event(text, finish=reason)
+        slot.sink(ev)
+        log.info("request %d %s: prompt %d tokens (%d cached), completion %d tokens, "
+                 "prefill %.0f ms, decode %.0f ms%s", slot.request.id, reason, ev.prompt_tokens,
+                 ev.cached_tokens, ev.tokens, ev.prompt_ms, ev.gen_ms,
+                 f" ({ev.tokens * 1000.0 / ev.gen_ms:.1f} tok/s)" if ev.gen_ms > 0 else "")
+
+    def _cancel(self, request_id: int) -> None:
+        for slot in list(self._waiting):
+            if slot.request.id == request_id:
+                self._waiting.remove(slot)
+                slot.sink(slot.event(finish="cancelled"))
+                return
+        for slot in list(self._slots.values()):
+            if slot.request.id == request_id:
+                caches = self._gen.remove([slot.uid], return_prompt_caches=True)
+                cache, tokens = caches.get(slot.uid, (None, None))
+                self._finish(slot, "cancelled", "", cache, tokens)
+                return
+
+    def _fail_all(self, error: EngineError) -> None:
+        for slot in list(self._slots.values()) + list(self._waiting):
+            slot.sink(Event(error=error))
+        self._slots.clear()
+        self._waiting.clear()
+
+    def _reset_generator(self) -> None:
+        if self._gen is not None:
+            try:
+                self._gen.close()
+            except Exception:
+                log.exception("closing the batch generator failed")
+        self._gen = None
+        self._prompt_cache = None
+
+    def _update_memory(self) -> None:
+        mx = self._mx
+        self.memory = {
+            "active": mx.get_active_memory(),
+            "cache": mx.get_cache_memory(),
+            "peak": mx.get_peak_memory(),
+            "prompt_cache": self._prompt_cache.nbytes if self._prompt_cache is not None else 0,
+        }
+
+    # ---- model lifecycle (run through call()) -----------------------------
+
+    def replace_model(self, loaded) -> None:
+        """Drop the current model, its batch and caches; serve `loaded` (may be None)."""
+        self._fail_all(EngineError("ABORTED", "the model was unloaded or replaced"))
+        self._reset_generator()
+        self.model = None
+        gc.collect()
+        self._mx.clear_cache()
+        self.model = loaded
+        self.epoch += 1
+        self._update_memory()

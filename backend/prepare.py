@@ -1,0 +1,113 @@
+"""PredictOptions -> engine Request: prompt rendering, tokenization, options.
+
+Runs on the preparation thread (chat templates and tokenizers are too slow for
+the event loop) and never touches MLX. Bad input raises OptionError, which the
+servicer turns into INVALID_ARGUMENT.
+"""
+
+import json
+import os
+from typing import Any, Dict, List, Optional
+
+from common.python_utils import (OptionError, messages_to_dicts, option_float, option_int,
+                                 parse_bool, parse_json_field, parse_tools)
+from engine import EngineError, Request
+from sampling import SamplingParams
+
+INT32_MAX = 2**31 - 1
+
+
+def template_kwargs(opts, model_options: Dict[str, Any]) -> Dict[str, Any]:
+    """Extra chat-template variables: thinking switch, effort, free-form kwargs."""
+    meta = dict(opts.Metadata)
+    kwargs: Dict[str, Any] = {}
+    if "enable_thinking" in model_options:
+        kwargs["enable_thinking"] = bool(model_options["enable_thinking"])
+    if "chat_template_kwargs" in meta and meta["chat_template_kwargs"].strip():
+        kwargs.update(parse_json_field("Metadata.chat_template_kwargs", meta["chat_template_kwargs"], dict))
+    if "enable_thinking" in meta:
+        kwargs["enable_thinking"] = parse_bool("Metadata.enable_thinking", meta["enable_thinking"])
+    if meta.get("reasoning_effort"):
+        kwargs["reasoning_effort"] = meta["reasoning_effort"]
+    return kwargs
+
+
+def render_prompt(lm, opts) -> str:
+    """The chat template applied to Messages (with Tools), as text."""
+    tok = lm.tokenizer
+    if not tok.has_chat_template:
+        raise OptionError("Messages: this model has no chat template; send a raw Prompt")
+    messages = messages_to_dicts(opts.Messages)
+    tools = parse_tools(opts.Tools)
+    try:
+        return tok.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=False,
+            **template_kwargs(opts, lm.options))
+    except OptionError:
+        raise
+    except Exception as e:  # jinja errors: the template rejected these messages
+        raise OptionError(f"Messages: the chat template failed: {type(e).__name__}: {e}") from None
+
+
+def prompt_tokens(lm, opts) -> List[int]:
+    """Token ids of the request's prompt (chat-rendered when Messages are used)."""
+    tok = lm.tokenizer
+    if opts.Messages and (opts.UseTokenizerTemplate or not opts.Prompt):
+        return tok.encode(render_prompt(lm, opts), add_special_tokens=False)
+    if not opts.Prompt:
+        raise OptionError("Prompt: empty (send a Prompt or Messages)")
+    bos = tok.bos_token
+    return tok.encode(opts.Prompt, add_special_tokens=not (bos and opts.Prompt.startswith(bos)))
+
+
+def _pick(value, options: Dict[str, Any], name: str, default, caster=float, minimum=None, maximum=None):
+    """The request's value when set (non-zero), else the model option, else default."""
+    if value:
+        return value
+    if caster is int:
+        return option_int(options, name, default, minimum)
+    return option_float(options, name, default, minimum, maximum)
+
+
+def sampling_params(opts, options: Dict[str, Any]) -> SamplingParams:
+    if opts.Temperature < 0:
+        raise OptionError(f"Temperature: must be >= 0, got {opts.Temperature}")
+    if not 0 <= opts.TopP <= 1:
+        raise OptionError(f"TopP: must be within [0, 1], got {opts.TopP}")
+    if opts.TopK < 0:
+        raise OptionError(f"TopK: must be >= 0, got {opts.TopK}")
+    if not 0 <= opts.MinP <= 1:
+        raise OptionError(f"MinP: must be within [0, 1], got {opts.MinP}")
+    if opts.Penalty < 0:
+        raise OptionError(f"Penalty: must be >= 0, got {opts.Penalty}")
+    seed = opts.Seed or option_int(options, "seed", 0)
+    return SamplingParams(
+        temperature=_pick(opts.Temperature, options, "temperature", 0.0, minimum=0.0),
+        top_p=_pick(opts.TopP, options, "top_p", 1.0, minimum=0.0, maximum=1.0),
+        top_k=_pick(opts.TopK, options, "top_k", 0, int, minimum=0),
+        min_p=_pick(opts.MinP, options, "min_p", 0.0, minimum=0.0, maximum=1.0),
+        seed=seed if seed else int.from_bytes(os.urandom(4), "little"),
+        repetition_penalty=_pick(opts.Penalty, options, "repetition_penalty", 0.0, minimum=0.0),
+        presence_penalty=_pick(opts.PresencePenalty, options, "presence_penalty", 0.0),
+        frequency_penalty=_pick(opts.FrequencyPenalty, options, "frequency_penalty", 0.0),
+    )
+
+
+def build_request(lm, opts, epoch: int) -> Request:
+    if opts.Tokens < 0:
+        raise OptionError(f"Tokens: must be >= 0 (0 means until the end of the sequence), got {opts.Tokens}")
+    tokens = prompt_tokens(lm, opts)
+    if not tokens:
+        raise OptionError("Prompt: it tokenizes to nothing")
+    room = lm.context_size - len(tokens)
+    if room <= 0:
+        raise EngineError(
+            "RESOURCE_EXHAUSTED",
+            f"the prompt is {len(tokens)} tokens; the context holds {lm.context_size}")
+    limit = opts.Tokens or option_int(lm.options, "max_tokens", 0, minimum=0) or room
+    stops = list(opts.StopPrompts)
+    if any(not isinstance(s, str) for s in stops):
+        raise OptionError("StopPrompts: must be strings")
+    return Request(prompt=tokens, max_tokens=min(limit, room),
+                   sampling=sampling_params(opts, lm.options), stops=[s for s in stops if s],
+                   model_epoch=epoch, label=opts.CorrelationId)

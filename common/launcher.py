@@ -1,0 +1,83 @@
+"""Start a backend process the way a host does, and wait until it is healthy.
+
+Used by the smoke run, the demo, the end-to-end tests and the benchmark.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Dict, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BACKEND_DIR = os.path.join(REPO, "backend")
+for _p in (BACKEND_DIR, REPO):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import grpc  # noqa: E402
+
+import backend_pb2  # noqa: E402
+import backend_pb2_grpc  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Backend:
+    """A running backend process and a gRPC stub to it."""
+
+    def __init__(self, env: Optional[Dict[str, str]] = None, log_path: Optional[str] = None,
+                 python: str = sys.executable):
+        self.addr = f"127.0.0.1:{free_port()}"
+        self.log_path = log_path
+        out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(
+            [python, os.path.join(BACKEND_DIR, "backend.py"), "--addr", self.addr],
+            env=dict(os.environ, **(env or {})), stdout=out, stderr=subprocess.STDOUT)
+        self.channel = grpc.insecure_channel(self.addr)
+        self.stub = backend_pb2_grpc.BackendStub(self.channel)
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"backend exited with {self.proc.returncode} (log: {self.log_path})")
+            try:
+                if self.stub.Health(backend_pb2.HealthMessage(), timeout=2).message == b"OK":
+                    return
+            except grpc.RpcError:
+                time.sleep(0.2)
+        raise TimeoutError(f"backend at {self.addr} not healthy after {timeout}s")
+
+    def load(self, model: str = "", timeout: float = 600.0, **fields) -> "backend_pb2.Result":
+        return self.stub.LoadModel(backend_pb2.ModelOptions(Model=model, **fields), timeout=timeout)
+
+    def stop(self, timeout: float = 15.0) -> int:
+        self.channel.close()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def __enter__(self):
+        self.wait_healthy()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def chat(question: str, **fields) -> "backend_pb2.PredictOptions":
+    """A PredictOptions for one user message through the model's chat template."""
+    return backend_pb2.PredictOptions(
+        Messages=[backend_pb2.Message(role="user", content=question)],
+        UseTokenizerTemplate=True, **fields)

@@ -1,0 +1,95 @@
+"""Text-side helpers of the MLX backend: pure Python, no MLX import.
+
+They run on the decoded text of one request, one delta at a time, and must
+give the same result however the text is split into deltas.
+"""
+
+from dataclasses import dataclass, field
+from typing import List, Sequence, Tuple
+
+
+def longest_partial_suffix(text: str, markers: Sequence[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of a marker.
+
+    That suffix may still grow into a marker, so it must be held back.
+    """
+    best = 0
+    for marker in markers:
+        upto = min(len(marker) - 1, len(text))
+        for n in range(upto, best, -1):
+            if text.endswith(marker[:n]):
+                best = n
+                break
+    return best
+
+
+def truncate_at_stop(text: str, stops: Sequence[str]) -> Tuple[str, bool]:
+    """The whole text cut at the earliest occurrence of any stop string."""
+    cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
+    return (text, False) if cut < 0 else (text[:cut], True)
+
+
+@dataclass
+class StopMatcher:
+    """Streaming stop-string cutter.
+
+    mlx-lm's StopSequences matches token ids, but a stop string can start or end
+    inside a token, so this one works on the decoded text. `feed` returns the
+    text that is safe to send; a tail that could start a stop string is held
+    back until it cannot. Once a stop matched, nothing more is ever returned.
+    """
+
+    stops: List[str]
+    _held: str = ""
+    stopped: bool = False
+    _stops: List[str] = field(init=False)
+
+    def __post_init__(self):
+        self._stops = [s for s in dict.fromkeys(self.stops) if s]
+
+    def feed(self, text: str) -> str:
+        if self.stopped:
+            return ""
+        buf = self._held + text
+        out, self.stopped = truncate_at_stop(buf, self._stops)
+        if self.stopped:
+            self._held = ""
+            return out
+        keep = longest_partial_suffix(buf, self._stops)
+        self._held = buf[len(buf) - keep :]
+        return buf[: len(buf) - keep]
+
+    def finalize(self) -> str:
+        """The held-back tail, once the stream has ended without a match."""
+        out, self._held = self._held, ""
+        return "" if self.stopped else out
+
+
+class TextPipeline:
+    """Token ids of one request -> text deltas that are safe to send.
+
+    The streaming detokenizer (mlx-lm's, duck-typed: add_token / finalize /
+    last_segment) never splits a UTF-8 character; the StopMatcher then cuts
+    at the earliest stop string. Every character reaches the output once.
+    """
+
+    def __init__(self, detokenizer, stops: Sequence[str]):
+        self._detok = detokenizer
+        self._stops = StopMatcher(list(stops))
+
+    @property
+    def stopped(self) -> bool:
+        return self._stops.stopped
+
+    def add_token(self, token: int) -> str:
+        if self._stops.stopped:
+            return ""
+        self._detok.add_token(token)
+        return self._stops.feed(self._detok.last_segment)
+
+    def finalize(self) -> str:
+        """Flush what the detokenizer and the stop matcher held back."""
+        if self._stops.stopped:
+            return ""
+        self._detok.finalize()
+        return self._stops.feed(self._detok.last_segment) + self._stops.finalize()

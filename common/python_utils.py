@@ -1,0 +1,150 @@
+"""Framework-agnostic helpers: model Options and chat messages.
+
+Pure Python; the servicer turns proto messages into plain values with these.
+"""
+
+import json
+from typing import Any, Dict, Iterable, List, Optional
+
+
+class OptionError(ValueError):
+    """A value a client sent that cannot be used; the message names the field."""
+
+
+def parse_value(raw: str) -> Any:
+    """Type an option value as a person would read it: bool, int, float, JSON, str."""
+    text = raw.strip()
+    low = text.lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    if text[:1] in ("{", "["):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            pass
+    return text
+
+
+def parse_options(options: Iterable[str]) -> Dict[str, Any]:
+    """`key:value` strings (the host's ModelOptions.Options) into a typed dict.
+
+    Keys are case-insensitive and '-' equals '_'; a bare `key` means True;
+    the value is everything after the first ':' (so URLs and JSON survive).
+    """
+    parsed: Dict[str, Any] = {}
+    for item in options:
+        if not item or not item.strip():
+            continue
+        key, sep, value = item.partition(":")
+        key = key.strip().lower().replace("-", "_")
+        if not key:
+            raise OptionError(f"Options: entry {item!r} has no key")
+        parsed[key] = parse_value(value) if sep else True
+    return parsed
+
+
+def _number(name: str, value: Any, kind: type, minimum=None, maximum=None):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise OptionError(f"option {name}: expected a number, got {value!r}")
+    if kind is int and float(value) != int(value):
+        raise OptionError(f"option {name}: expected a whole number, got {value!r}")
+    value = kind(value)
+    if minimum is not None and value < minimum:
+        raise OptionError(f"option {name}: must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise OptionError(f"option {name}: must be <= {maximum}, got {value}")
+    return value
+
+
+def option_int(opts: Dict[str, Any], name: str, default: Optional[int], minimum=None):
+    return default if name not in opts else _number(name, opts[name], int, minimum)
+
+
+def option_float(opts: Dict[str, Any], name: str, default: Optional[float], minimum=None, maximum=None):
+    if name not in opts:
+        return default
+    return _number(name, opts[name], float, minimum, maximum)
+
+
+def option_bool(opts: Dict[str, Any], name: str, default: bool) -> bool:
+    if name not in opts:
+        return default
+    if not isinstance(opts[name], bool):
+        raise OptionError(f"option {name}: expected true or false, got {opts[name]!r}")
+    return opts[name]
+
+
+def parse_json_field(name: str, text: str, expect: type) -> Any:
+    """A JSON string from a request field, checked for its top-level type."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise OptionError(f"{name}: not valid JSON ({e.msg} at position {e.pos})") from None
+    if not isinstance(value, expect):
+        raise OptionError(f"{name}: expected a JSON {expect.__name__}")
+    return value
+
+
+def message_to_dict(index: int, role: str, content: str, name: str = "",
+                    tool_call_id: str = "", reasoning_content: str = "",
+                    tool_calls: str = "") -> Dict[str, Any]:
+    """One chat message as chat templates expect it.
+
+    `tool_calls` arrives as a JSON array string (OpenAI shape); templates want
+    the objects, with `arguments` as a mapping where it parses as one.
+    """
+    if not role:
+        raise OptionError(f"Messages[{index}]: role is empty")
+    msg: Dict[str, Any] = {"role": role, "content": content}
+    if name:
+        msg["name"] = name
+    if tool_call_id:
+        msg["tool_call_id"] = tool_call_id
+    if reasoning_content:
+        msg["reasoning_content"] = reasoning_content
+    if tool_calls:
+        calls = parse_json_field(f"Messages[{index}].tool_calls", tool_calls, list)
+        for call in calls:
+            fn = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(fn, dict) or not fn.get("name"):
+                raise OptionError(f"Messages[{index}].tool_calls: each call needs function.name")
+            if isinstance(fn.get("arguments"), str):
+                try:
+                    fn["arguments"] = json.loads(fn["arguments"] or "{}")
+                except json.JSONDecodeError:
+                    pass  # templates that print arguments verbatim still work
+        msg["tool_calls"] = calls
+    return msg
+
+
+def messages_to_dicts(messages) -> List[Dict[str, Any]]:
+    """Proto Messages (anything with the Message fields) into template dicts."""
+    return [
+        message_to_dict(i, m.role, m.content, m.name, m.tool_call_id,
+                        m.reasoning_content, m.tool_calls)
+        for i, m in enumerate(messages)
+    ]
+
+
+def parse_tools(tools: str) -> Optional[List[Dict[str, Any]]]:
+    """The request's Tools JSON (an array of OpenAI tool objects) or None."""
+    if not tools.strip():
+        return None
+    value = parse_json_field("Tools", tools, list)
+    return value or None
+
+
+def parse_bool(name: str, text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("true", "1", "yes", "on"):
+        return True
+    if low in ("false", "0", "no", "off"):
+        return False
+    raise OptionError(f"{name}: expected true or false, got {text!r}")
