@@ -51,18 +51,23 @@ class StopMatcher:
         if self.stopped:
             return ""
         buf = self._held + text
-        out, self.stopped = truncate_at_stop(buf, self._stops)
-        if self.stopped:
-            self._held = ""
-            return out
-        keep = longest_partial_suffix(buf, self._stops)
-        self._held = buf[len(buf) - keep :]
-        return buf[: len(buf) - keep]
+        cut, found = truncate_at_stop(buf, self._stops)
+        # A longer stop that began before the match may still complete and
+        # would then be the earliest one: wait for it before deciding.
+        pending = len(buf) - longest_partial_suffix(buf, self._stops)
+        if found and pending >= len(cut):
+            self._held, self.stopped = "", True
+            return cut
+        self._held = buf[pending:]
+        return buf[:pending]
 
     def finalize(self) -> str:
-        """The held-back tail, once the stream has ended without a match."""
-        out, self._held = self._held, ""
-        return "" if self.stopped else out
+        """The held-back tail, cut at a stop it holds, once the stream has ended."""
+        if self.stopped:
+            return ""
+        out, self.stopped = truncate_at_stop(self._held, self._stops)
+        self._held = ""
+        return out
 
 
 class TextPipeline:
