@@ -10,9 +10,11 @@ sys.path[:0] = [os.path.join(REPO, "backend"), REPO]
 
 from common.launcher import Backend  # noqa: E402
 
+
 @pytest.fixture(scope="session")
 def log_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("logs")
+
 
 @pytest.fixture(scope="session")
 def server(log_dir):
@@ -23,6 +25,7 @@ def server(log_dir):
     assert result.success, result.message
     yield backend
     backend.stop()
+
 
 @pytest.fixture
 def stub(server):
