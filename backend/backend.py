@@ -17,28 +17,10 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
-OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3"
-
-
-def _maybe_preload_openblas() -> None:
-    """Re-exec with Debian's OpenBLAS preloaded on Linux CPUs.
-
-    mlx-cpu's bundled reference BLAS is 5-15x slower for float32 matmuls;
-    LD_PRELOAD only works before the process starts, hence the exec (same pid,
-    so the host's process handling is unchanged). MLX_BACKEND_OPENBLAS=0 opts out.
-    """
-    if not sys.platform.startswith("linux") or os.environ.get("MLX_BACKEND_OPENBLAS", "1") == "0":
-        return
-    preload = os.environ.get("LD_PRELOAD", "")
-    lib = os.environ.get("MLX_BACKEND_OPENBLAS_LIB", OPENBLAS)
-    if "openblas" in preload or not os.path.exists(lib):
-        return
-    env = dict(os.environ, LD_PRELOAD=f"{lib}:{preload}" if preload else lib)
-    os.execve(sys.executable, [sys.executable] + sys.argv, env)
-
+from common.openblas import maybe_reexec_with_openblas  # noqa: E402
 
 if __name__ == "__main__":
-    _maybe_preload_openblas()
+    maybe_reexec_with_openblas()
 
 import grpc  # noqa: E402
 

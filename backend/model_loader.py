@@ -111,7 +111,9 @@ def _choose_dtype(requested: str, model) -> Optional[str]:
         return None
     # On the CPU, float32 with a real BLAS beats 4-bit kernels (see README);
     # without OpenBLAS preloaded, or when it would take too much memory, keep as is.
-    if "openblas" not in os.environ.get("LD_PRELOAD", ""):
+    from common.openblas import preloaded
+
+    if not preloaded():
         return None
     # Upper bound of the float32 size: packed 4-bit words grow 8x.
     f32_bytes = sum(v.nbytes * (8 if v.dtype == mx.uint32 else 4 // v.dtype.size)
