@@ -13,6 +13,7 @@ import concurrent.futures
 import gc
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -57,12 +58,20 @@ class Event:
     error: Optional[EngineError] = None
 
 
+def _default_prompt_cache_bytes() -> int:
+    """A tenth of the physical memory: room for many prefixes, far from the model's share."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 10
+    except (ValueError, OSError, AttributeError):
+        return 1 << 30
+
+
 @dataclass
 class EngineConfig:
     max_sequences: int = 8
     prefill_step_size: int = 512
     prefill_batch_size: int = 8
-    prompt_cache_bytes: int = 1 << 30
+    prompt_cache_bytes: int = field(default_factory=_default_prompt_cache_bytes)
     prompt_cache_entries: int = 64
 
 
@@ -155,14 +164,15 @@ class Engine:
         last_mem = 0.0
         while not self._stopping:
             try:
-                self._drain_inbox(block=not self.busy)
+                now = time.monotonic()
+                idle = not self.busy
+                if idle or now - last_mem > 0.5:  # fresh figures for Status, cheap
+                    self._update_memory()
+                    last_mem = now
+                self._drain_inbox(block=idle)
                 self._admit()
                 if self._slots:
                     self._step()
-                now = time.monotonic()
-                if now - last_mem > 0.5:
-                    self._update_memory()
-                    last_mem = now
             except Exception:  # a bug: fail what is in flight, keep serving
                 log.exception("engine step failed; failing the requests in flight")
                 self._fail_all(EngineError("INTERNAL", "internal engine error (see the backend log)"))
@@ -297,7 +307,10 @@ class Engine:
                 return
         for slot in list(self._slots.values()):
             if slot.request.id == request_id:
-                caches = self._gen.remove([slot.uid], return_prompt_caches=True)
+                # Only a request that reached decoding has a cache known to be whole
+                # (a prompt batch mid-prefill may still hold padding).
+                keep = bool(slot.t_first)
+                caches = self._gen.remove([slot.uid], return_prompt_caches=keep)
                 cache, tokens = caches.get(slot.uid, (None, None))
                 self._finish(slot, "cancelled", "", cache, tokens)
                 return

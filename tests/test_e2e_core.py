@@ -175,22 +175,6 @@ def test_cancelled_stream_frees_its_slot(stub):
         time.sleep(0.1)
 
 
-def test_concurrent_greedy_streams_equal_solo(stub):
-    questions = [Q, "Name three colors.", "What is 2 + 2?", "Say hello in Spanish."]
-    solo = [stub.Predict(chat(q, Tokens=20), timeout=120).message for q in questions]
-    results = [None] * len(questions)
-
-    def run(i):
-        results[i] = stream_text(stub, chat(questions[i], Tokens=20))[0].encode()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(questions))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert results == solo
-
-
 def test_status_and_metrics(stub):
     status = stub.Status(backend_pb2.HealthMessage(), timeout=5)
     assert status.state in (backend_pb2.StatusResponse.READY, backend_pb2.StatusResponse.BUSY)
