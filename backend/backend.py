@@ -26,6 +26,7 @@ import grpc  # noqa: E402
 
 import backend_pb2  # noqa: E402
 import backend_pb2_grpc  # noqa: E402
+from common import auth, parent_watch  # noqa: E402
 from common.python_utils import OptionError, option_int, parse_options  # noqa: E402
 from engine import Engine, EngineError  # noqa: E402
 
@@ -199,25 +200,49 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
 
 
 async def serve(addr: str) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    # Watch the parent first, so a host that dies while we start up is noticed.
+    grace = parent_watch.duration_from_env("MLX_BACKEND_SHUTDOWN_GRACE", 10.0, allow_zero=True)
+    watch_on, interval = parent_watch.settings_from_env()
+    watcher = None
+    if watch_on:
+        # The graceful path gets its grace plus 5 s for the engine to stop.
+        watcher = parent_watch.start_parent_watch(
+            lambda: loop.call_soon_threadsafe(stop.set), interval, force_exit_after=grace + 5.0)
+
     engine = Engine()
-    server = grpc.aio.server(options=[
+    interceptors = auth.server_interceptors()
+    server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ])
     backend_pb2_grpc.add_BackendServicer_to_server(BackendServicer(engine), server)
     if server.add_insecure_port(addr) == 0:
         raise SystemExit(f"cannot listen on {addr}")
-    await server.start()
-    log.info("serving on %s (pid %d)", addr, os.getpid())
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
+    def on_signal(sig: signal.Signals) -> None:
+        log.info("received %s", sig.name)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
+    await server.start()
+    log.info("serving on %s (pid %d); auth %s; parent watch %s; shutdown grace %gs", addr, os.getpid(),
+             f"on ({auth.ENV_TOKEN})" if interceptors else "off",
+             f"on (parent pid {os.getppid()}, every {interval:g}s)" if watcher else
+             ("off (no parent to watch)" if watch_on else f"off ({parent_watch.ENV_WATCH})"),
+             grace)
+
     await stop.wait()
-    log.info("shutting down")
-    await server.stop(grace=5)
-    engine.stop()
+    # server.stop refuses new RPCs at once, lets in-flight ones run up to `grace`,
+    # then cancels them; their engine requests leave the batch as they unwind.
+    log.info("shutting down: in-flight requests get up to %gs", grace)
+    await server.stop(grace)
+    # Fails whatever is left with CANCELLED and joins the engine thread; off the
+    # loop so the engine's last events can still be delivered meanwhile.
+    await asyncio.to_thread(engine.stop)
+    log.info("stopped")
 
 
 def main(argv=None) -> None:

@@ -1,0 +1,92 @@
+"""Bearer-token authentication for the gRPC server.
+
+The host sets LOCALAI_GRPC_AUTH_TOKEN in the backend's environment (it inherits
+it) and sends `authorization: Bearer <token>` on every call. With the variable
+unset or empty the server is open, as hosts without the token expect.
+"""
+
+import hmac
+import logging
+import os
+from typing import List, Mapping, Optional
+
+import grpc
+
+log = logging.getLogger("mlx-backend.auth")
+
+ENV_TOKEN = "LOCALAI_GRPC_AUTH_TOKEN"
+
+
+def token_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The configured token, or None when authentication is off (unset or empty)."""
+    token = (os.environ if env is None else env).get(ENV_TOKEN, "")
+    return token or None
+
+
+def check_authorization(header: Optional[str], token: str) -> Optional[str]:
+    """None when `header` carries `token`, else the reason to refuse (never echoes either)."""
+    if not header:
+        return f"missing 'authorization: Bearer <token>' metadata ({ENV_TOKEN} is set on this backend)"
+    scheme, _, presented = header.partition(" ")
+    # RFC 7235: the scheme name is case-insensitive; the credentials are not.
+    if scheme.lower() != "bearer":
+        return "authorization metadata must use the Bearer scheme: 'authorization: Bearer <token>'"
+    # Bytes, so a non-ASCII token cannot make compare_digest raise; constant time
+    # so the comparison leaks nothing about how much of the token matched.
+    if not hmac.compare_digest(presented.encode("utf-8"), token.encode("utf-8")):
+        return f"invalid bearer token (it does not match this backend's {ENV_TOKEN})"
+    return None
+
+
+def authorization_header(metadata) -> Optional[str]:
+    """The first `authorization` value in invocation metadata, if any."""
+    for key, value in metadata or ():
+        if key.lower() == "authorization":
+            return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    return None
+
+
+def _rejecting_handler(handler: Optional[grpc.RpcMethodHandler], message: str) -> grpc.RpcMethodHandler:
+    """A handler of the same streaming kind as `handler` that fails with UNAUTHENTICATED.
+
+    The kind must match: a unary handler would wait for a request message that a
+    streaming client may never send. No deserializer: an unauthenticated payload
+    is never parsed.
+    """
+
+    async def reject(request_or_iterator, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    if handler is None:  # unknown method: refuse too, rather than reveal it is unknown
+        return grpc.unary_unary_rpc_method_handler(reject)
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(reject)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(reject)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(reject)
+    return grpc.unary_unary_rpc_method_handler(reject)
+
+
+class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses every RPC (Health included) that lacks `authorization: Bearer <token>`."""
+
+    def __init__(self, token: str):
+        if not token:
+            raise ValueError("an empty token would let every caller in")
+        self._token = token
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        header = authorization_header(handler_call_details.invocation_metadata)
+        reason = check_authorization(header, self._token)
+        if reason is None:
+            return handler
+        log.warning("refused %s: %s", handler_call_details.method, reason)
+        return _rejecting_handler(handler, reason)
+
+
+def server_interceptors(env: Optional[Mapping[str, str]] = None) -> List[grpc.aio.ServerInterceptor]:
+    """The interceptors to install: one when a token is configured, none otherwise."""
+    token = token_from_env(env)
+    return [BearerTokenInterceptor(token)] if token else []
