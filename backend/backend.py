@@ -9,6 +9,7 @@ MLX or blocks; the engine thread does all model work.
 import argparse
 import asyncio
 import concurrent.futures
+import json
 import logging
 import os
 import signal
@@ -80,6 +81,8 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             timing_prompt_processing=ev.prompt_ms, timing_token_generation=ev.gen_ms)
         if text:
             reply.chat_deltas.append(backend_pb2.ChatDelta(content=text))
+        if ev.logprobs is not None:
+            reply.logprobs = json.dumps({"content": ev.logprobs}, ensure_ascii=False).encode("utf-8")
         return reply
 
     # ---- RPCs -----------------------------------------------------------------

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional
 
 from common.mlx_utils import TextPipeline
+from logprobs import entry
 from sampling import SamplingParams
 
 log = logging.getLogger("mlx-backend.engine")
@@ -44,6 +45,10 @@ class Request:
     model_epoch: int = 0
     id: int = 0
     label: str = ""
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+    processors: List[Any] = field(default_factory=list)  # extra logits processors (grammar)
 
 
 @dataclass
@@ -56,6 +61,7 @@ class Event:
     gen_ms: float = 0.0
     finish: Optional[str] = None  # "stop" | "length" | "cancelled"
     error: Optional[EngineError] = None
+    logprobs: Optional[List[dict]] = None  # on the last event, when asked for
 
 
 def _default_prompt_cache_bytes() -> int:
@@ -85,6 +91,7 @@ class _Slot:
     tokens: int = 0
     t_admit: float = 0.0
     t_first: float = 0.0
+    logprobs: List[dict] = field(default_factory=list)
 
     def event(self, text="", finish=None, error=None) -> Event:
         now = time.perf_counter()
@@ -93,7 +100,8 @@ class _Slot:
             text=text, tokens=self.tokens, prompt_tokens=len(self.request.prompt),
             cached_tokens=self.cached, prompt_ms=(first - self.t_admit) * 1000.0,
             gen_ms=(now - first) * 1000.0 if self.t_first else 0.0,
-            finish=finish, error=error)
+            finish=finish, error=error,
+            logprobs=self.logprobs if finish and self.request.logprobs else None)
 
 
 class Engine:
@@ -236,6 +244,7 @@ class Engine:
                 self._prompt_cache = LRUPromptCache(
                     max_size=self.config.prompt_cache_entries, max_bytes=self.config.prompt_cache_bytes)
                 self._eos = StopSequences([(t,) for t in lm.tokenizer.eos_token_ids])
+                self._no_stop = StopSequences([])
             cache, rest = self._prompt_cache.fetch_nearest_cache(self.epoch, req.prompt)
             if cache is not None and not rest:
                 # The whole prompt is cached: recompute its last token for the logits.
@@ -250,8 +259,8 @@ class Engine:
                 [rest], max_tokens=[req.max_tokens], caches=[cache],
                 all_tokens=[req.prompt[: slot.cached]],
                 samplers=[make_sampler(req.sampling, len(lm.tokenizer))],
-                logits_processors=[make_processors(req.sampling)],
-                stop_sequences=[self._eos])
+                logits_processors=[make_processors(req.sampling, req.processors)],
+                stop_sequences=[self._no_stop if req.ignore_eos else self._eos])
             self._slots[slot.uid] = slot
             self.metrics["prompt_tokens_processed"] += len(rest)
             log.debug("request %d admitted: %d prompt tokens, %d cached", req.id, len(req.prompt), slot.cached)
@@ -270,8 +279,12 @@ class Engine:
                 self._finish(slot, "stop", slot.pipeline.finalize(), r.prompt_cache, r.all_tokens)
                 continue
             slot.tokens += 1
+            if slot.request.logprobs:
+                slot.logprobs.append(entry(self.model.tokenizer, r.token, r.logprobs, slot.request.top_logprobs))
             text = slot.pipeline.add_token(r.token)
             if slot.pipeline.stopped:
+                if slot.request.logprobs and not text:
+                    slot.logprobs.pop()  # this token only completed the stop string
                 finished.append(slot)
                 slot.sink(slot.event(text))
             elif r.finish_reason == "length":

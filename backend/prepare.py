@@ -5,16 +5,21 @@ the event loop) and never touches MLX. Bad input raises OptionError, which the
 servicer turns into INVALID_ARGUMENT.
 """
 
-import json
+import logging
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from common.python_utils import (OptionError, messages_to_dicts, option_float, option_int,
                                  parse_bool, parse_json_field, parse_tools)
 from engine import EngineError, Request
 from sampling import SamplingParams
 
-INT32_MAX = 2**31 - 1
+log = logging.getLogger("mlx-backend.prepare")
+
+MAX_TOP_LOGPROBS = 20
+# Fields a host may send that MLX samplers cannot express: logged once each.
+UNSUPPORTED = {"TypicalP": 1.0, "TailFreeSamplingZ": 1.0, "Mirostat": 0, "NegativePrompt": ""}
+_warned = set()
 
 
 def template_kwargs(opts, model_options: Dict[str, Any]) -> Dict[str, Any]:
@@ -69,7 +74,34 @@ def _pick(value, options: Dict[str, Any], name: str, default, caster=float, mini
     return option_float(options, name, default, minimum, maximum)
 
 
-def sampling_params(opts, options: Dict[str, Any]) -> SamplingParams:
+def _warn_unsupported(opts) -> None:
+    for name, neutral in UNSUPPORTED.items():
+        value = getattr(opts, name)
+        if value and value != neutral and name not in _warned:
+            _warned.add(name)
+            log.warning("%s=%r is not supported by the MLX samplers and is ignored", name, value)
+
+
+def logit_bias(text: str, vocab: int) -> Dict[int, float]:
+    """LogitBias: a JSON object of token id -> additive bias."""
+    if not text.strip():
+        return {}
+    raw = parse_json_field("LogitBias", text, dict)
+    bias = {}
+    for key, value in raw.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise OptionError(f"LogitBias: key {key!r} is not a token id") from None
+        if not 0 <= token < vocab:
+            raise OptionError(f"LogitBias: token id {token} is outside the vocabulary [0, {vocab})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise OptionError(f"LogitBias: bias for {token} must be a number")
+        bias[token] = max(-100.0, min(100.0, float(value)))
+    return bias
+
+
+def sampling_params(opts, options: Dict[str, Any], vocab: int = 1 << 31) -> SamplingParams:
     if opts.Temperature < 0:
         raise OptionError(f"Temperature: must be >= 0, got {opts.Temperature}")
     if not 0 <= opts.TopP <= 1:
@@ -80,6 +112,10 @@ def sampling_params(opts, options: Dict[str, Any]) -> SamplingParams:
         raise OptionError(f"MinP: must be within [0, 1], got {opts.MinP}")
     if opts.Penalty < 0:
         raise OptionError(f"Penalty: must be >= 0, got {opts.Penalty}")
+    for name in ("PresencePenalty", "FrequencyPenalty"):
+        if not -2 <= getattr(opts, name) <= 2:
+            raise OptionError(f"{name}: must be within [-2, 2], got {getattr(opts, name)}")
+    _warn_unsupported(opts)
     seed = opts.Seed or option_int(options, "seed", 0)
     return SamplingParams(
         temperature=_pick(opts.Temperature, options, "temperature", 0.0, minimum=0.0),
@@ -88,14 +124,30 @@ def sampling_params(opts, options: Dict[str, Any]) -> SamplingParams:
         min_p=_pick(opts.MinP, options, "min_p", 0.0, minimum=0.0, maximum=1.0),
         seed=seed if seed else int.from_bytes(os.urandom(4), "little"),
         repetition_penalty=_pick(opts.Penalty, options, "repetition_penalty", 0.0, minimum=0.0),
+        repetition_context_size=option_int(options, "repetition_context_size", 20, minimum=1),
         presence_penalty=_pick(opts.PresencePenalty, options, "presence_penalty", 0.0),
         frequency_penalty=_pick(opts.FrequencyPenalty, options, "frequency_penalty", 0.0),
+        logit_bias=logit_bias(opts.LogitBias, vocab),
+        xtc_probability=option_float(options, "xtc_probability", 0.0, 0.0, 1.0),
+        xtc_threshold=option_float(options, "xtc_threshold", 0.1, 0.0, 0.5),
     )
 
 
 def build_request(lm, opts, epoch: int) -> Request:
     if opts.Tokens < 0:
         raise OptionError(f"Tokens: must be >= 0 (0 means until the end of the sequence), got {opts.Tokens}")
+    for name in ("Logprobs", "TopLogprobs"):
+        if not 0 <= getattr(opts, name) <= MAX_TOP_LOGPROBS:
+            raise OptionError(f"{name}: must be within [0, {MAX_TOP_LOGPROBS}], got {getattr(opts, name)}")
+    vocab = int(lm.config.get("vocab_size") or len(lm.tokenizer))
+    sampling = sampling_params(opts, lm.options, vocab)
+    sampling.xtc_special_tokens = sorted(lm.tokenizer.eos_token_ids)
+    extra = []
+    import grammar
+
+    source = grammar.grammar_source(opts.Grammar, dict(opts.Metadata))
+    if source is not None:
+        extra.append(grammar.compile_processor(lm, source))
     tokens = prompt_tokens(lm, opts)
     if not tokens:
         raise OptionError("Prompt: it tokenizes to nothing")
@@ -105,9 +157,8 @@ def build_request(lm, opts, epoch: int) -> Request:
             "RESOURCE_EXHAUSTED",
             f"the prompt is {len(tokens)} tokens; the context holds {lm.context_size}")
     limit = opts.Tokens or option_int(lm.options, "max_tokens", 0, minimum=0) or room
-    stops = list(opts.StopPrompts)
-    if any(not isinstance(s, str) for s in stops):
-        raise OptionError("StopPrompts: must be strings")
-    return Request(prompt=tokens, max_tokens=min(limit, room),
-                   sampling=sampling_params(opts, lm.options), stops=[s for s in stops if s],
-                   model_epoch=epoch, label=opts.CorrelationId)
+    return Request(prompt=tokens, max_tokens=min(limit, room), sampling=sampling,
+                   stops=[s for s in opts.StopPrompts if s], model_epoch=epoch,
+                   label=opts.CorrelationId, ignore_eos=opts.IgnoreEOS,
+                   logprobs=opts.Logprobs > 0 or opts.TopLogprobs > 0,
+                   top_logprobs=opts.TopLogprobs, processors=extra)

@@ -1,7 +1,7 @@
 """Per-request samplers and logits processors (MLX; engine thread only)."""
 
-from dataclasses import dataclass
-from typing import List, Optional
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
@@ -15,15 +15,31 @@ class SamplingParams:
     min_p: float = 0.0
     seed: int = 0
     repetition_penalty: float = 0.0
+    repetition_context_size: int = 20
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logit_bias: Dict[int, float] = field(default_factory=dict)
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    xtc_special_tokens: List[int] = field(default_factory=list)
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
 
-def make_sampler(p: SamplingParams, vocab_size: int) -> Optional[callable]:
+def _xtc(logprobs: mx.array, probability: float, threshold: float, special: List[int], key) -> mx.array:
+    # mlx-lm's apply_xtc draws from the process-wide random state; this draws from the request's key.
+    probs = mx.softmax(logprobs, -1)
+    above = mx.where(probs > threshold, probs, mx.inf).min(axis=-1, keepdims=True)
+    mask = probs > above
+    if special:
+        mask[..., special] = False
+    apply = mx.random.uniform(key=key) < probability
+    return mx.where(apply, mx.where(mask, -mx.inf, logprobs), logprobs)
+
+
+def make_sampler(p: SamplingParams, vocab_size: int) -> Optional[Callable]:
     """None for greedy (the batch then shares one argmax over all rows).
 
     mlx-lm's make_sampler draws from the process-wide random state, so one
@@ -34,27 +50,34 @@ def make_sampler(p: SamplingParams, vocab_size: int) -> Optional[callable]:
         return None
     filters = []
     if 0.0 < p.top_p < 1.0:
-        filters.append(lambda x: apply_top_p(x, p.top_p))
+        filters.append(lambda x, k: apply_top_p(x, p.top_p))
     if p.min_p > 0.0:
-        filters.append(lambda x: apply_min_p(x, p.min_p))
+        filters.append(lambda x, k: apply_min_p(x, p.min_p))
+    if p.xtc_probability > 0.0:
+        filters.append(lambda x, k: _xtc(x, p.xtc_probability, p.xtc_threshold, p.xtc_special_tokens, k))
     if 0 < p.top_k < vocab_size:
-        filters.append(lambda x: apply_top_k(x, p.top_k))
+        filters.append(lambda x, k: apply_top_k(x, p.top_k))
     key = mx.random.key(p.seed)
     inv_temp = 1.0 / p.temperature
 
     def sample(logprobs: mx.array) -> mx.array:
         nonlocal key
-        key, sub = mx.random.split(key)
+        key, filter_key, draw_key = mx.random.split(key, 3)
         for f in filters:
-            logprobs = f(logprobs)
-        return mx.random.categorical(logprobs * inv_temp, key=sub)
+            logprobs = f(logprobs, filter_key)
+        return mx.random.categorical(logprobs * inv_temp, key=draw_key)
 
     return sample
 
 
-def make_processors(p: SamplingParams) -> List[callable]:
-    return make_logits_processors(
-        repetition_penalty=p.repetition_penalty or None,
+def make_processors(p: SamplingParams, extra: Optional[List[Callable]] = None) -> List[Callable]:
+    """Penalties and logit bias from mlx-lm, then request-specific ones (grammar)."""
+    rep = p.repetition_penalty if p.repetition_penalty and p.repetition_penalty != 1.0 else None
+    procs = make_logits_processors(
+        logit_bias=p.logit_bias or None,
+        repetition_penalty=rep,
+        repetition_context_size=p.repetition_context_size,
         presence_penalty=p.presence_penalty or None,
         frequency_penalty=p.frequency_penalty or None,
     )
+    return procs + list(extra or [])
