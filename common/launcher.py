@@ -28,6 +28,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Sends `authorization: Bearer <token>` as the host does when auth is on."""
+
+    def __init__(self, token: str):
+        self.header = ("authorization", f"Bearer {token}")
+
+    def _with_header(self, details):
+        return details._replace(metadata=list(details.metadata or []) + [self.header])
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with_header(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._with_header(details), request)
+
+
 class Backend:
     """A running backend process and a gRPC stub to it."""
 
@@ -40,7 +56,9 @@ class Backend:
             [python, os.path.join(BACKEND_DIR, "backend.py"), "--addr", self.addr],
             env=dict(os.environ, **(env or {})), stdout=out, stderr=subprocess.STDOUT)
         self.channel = grpc.insecure_channel(self.addr)
-        self.stub = backend_pb2_grpc.BackendStub(self.channel)
+        token = (env or {}).get("LOCALAI_GRPC_AUTH_TOKEN", os.environ.get("LOCALAI_GRPC_AUTH_TOKEN", ""))
+        channel = grpc.intercept_channel(self.channel, _Bearer(token)) if token else self.channel
+        self.stub = backend_pb2_grpc.BackendStub(channel)
 
     def wait_healthy(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
