@@ -94,6 +94,8 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         import model_loader
 
         try:
+            if request.ContextSize < 0:
+                raise OptionError(f"ContextSize: must be >= 0, got {request.ContextSize}")
             options = parse_options(request.Options)
             spec = model_loader.LoadSpec(
                 model=request.Model, model_file=request.ModelFile, model_path=request.ModelPath,

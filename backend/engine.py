@@ -92,6 +92,7 @@ class _Slot:
     t_admit: float = 0.0
     t_first: float = 0.0
     logprobs: List[dict] = field(default_factory=list)
+    error: Optional[EngineError] = None  # set when this request alone failed
 
     def event(self, text="", finish=None, error=None) -> Event:
         now = time.perf_counter()
@@ -102,6 +103,31 @@ class _Slot:
             gen_ms=(now - first) * 1000.0 if self.t_first else 0.0,
             finish=finish, error=error,
             logprobs=self.logprobs if finish and self.request.logprobs else None)
+
+
+def _argmax(logprobs):
+    return logprobs.argmax(axis=-1)
+
+
+def _unchanged(tokens, logits):
+    return logits
+
+
+def _guarded(slot: _Slot, fn: Callable, fallback: Callable) -> Callable:
+    """A request's own sampler or logits processor, failing that request alone.
+
+    The batch keeps decoding with the fallback for this row until the engine
+    removes the request at the end of the step.
+    """
+    def call(*args):
+        if slot.error is None:
+            try:
+                return fn(*args)
+            except Exception as e:
+                log.exception("request %d: its sampler or logits processor failed", slot.request.id)
+                slot.error = EngineError("INTERNAL", f"request failed while sampling: {type(e).__name__}: {e}")
+        return fallback(*args)
+    return call
 
 
 class Engine:
@@ -255,11 +281,18 @@ class Engine:
                     cache, rest = None, req.prompt
             slot.cached = len(req.prompt) - len(rest)
             slot.t_admit = time.perf_counter()
+            try:
+                sampler = make_sampler(req.sampling, len(lm.tokenizer))
+                processors = make_processors(req.sampling, req.processors)
+            except Exception as e:
+                log.exception("request %d: building its sampler failed", req.id)
+                slot.sink(Event(error=EngineError("INTERNAL", f"request setup failed: {type(e).__name__}: {e}")))
+                continue
             (slot.uid,) = self._gen.insert(
                 [rest], max_tokens=[req.max_tokens], caches=[cache],
                 all_tokens=[req.prompt[: slot.cached]],
-                samplers=[make_sampler(req.sampling, len(lm.tokenizer))],
-                logits_processors=[make_processors(req.sampling, req.processors)],
+                samplers=[_guarded(slot, sampler, _argmax) if sampler else None],
+                logits_processors=[[_guarded(slot, p, _unchanged) for p in processors]],
                 stop_sequences=[self._no_stop if req.ignore_eos else self._eos])
             self._slots[slot.uid] = slot
             self.metrics["prompt_tokens_processed"] += len(rest)
@@ -268,38 +301,59 @@ class Engine:
     def _step(self) -> None:
         started = time.perf_counter()
         _, responses = self._gen.next()
-        finished = []
+        stopped, failed = [], []
         for r in responses:
             slot = self._slots.get(r.uid)
             if slot is None:
                 continue
-            if not slot.t_first:
-                slot.t_first = time.perf_counter()
-            if r.finish_reason == "stop":  # an end-of-sequence token: not text
-                self._finish(slot, "stop", slot.pipeline.finalize(), r.prompt_cache, r.all_tokens)
-                continue
-            slot.tokens += 1
-            if slot.request.logprobs:
-                slot.logprobs.append(entry(self.model.tokenizer, r.token, r.logprobs, slot.request.top_logprobs))
-            text = slot.pipeline.add_token(r.token)
-            if slot.pipeline.stopped:
-                if slot.request.logprobs and not text:
-                    slot.logprobs.pop()  # this token only completed the stop string
-                finished.append(slot)
-                slot.sink(slot.event(text))
-            elif r.finish_reason == "length":
-                self._finish(slot, "length", text + slot.pipeline.finalize(), r.prompt_cache, r.all_tokens)
-            elif text:
-                slot.sink(slot.event(text))
-        if finished:
-            caches = self._gen.remove([s.uid for s in finished], return_prompt_caches=True)
-            for slot in finished:
+            if slot.error is None:
+                try:
+                    if self._on_token(slot, r):
+                        stopped.append(slot)
+                except Exception as e:  # this request's text pipeline: it alone fails
+                    log.exception("request %d failed on token %d", slot.request.id, r.token)
+                    slot.error = EngineError("INTERNAL", f"request failed: {type(e).__name__}: {e}")
+            if slot.error is not None and slot.uid in self._slots:
+                failed.append(slot)
+        for slot in list(self._slots.values()):  # failures inside a sampler or processor
+            if slot.error is not None and slot not in failed:
+                failed.append(slot)
+        if failed:
+            self._gen.remove([s.uid for s in failed])
+            for slot in failed:
+                self._slots.pop(slot.uid, None)
+                slot.sink(Event(error=slot.error))
+        if stopped:
+            caches = self._gen.remove([s.uid for s in stopped], return_prompt_caches=True)
+            for slot in stopped:
                 cache, tokens = caches.get(slot.uid, (None, None))
                 self._finish(slot, "stop", "", cache, tokens)
         if responses:
             self.metrics["tokens_generated"] += len(responses)
             rate = len(responses) / max(time.perf_counter() - started, 1e-6)
             self.metrics["tokens_per_second"] = 0.8 * self.metrics["tokens_per_second"] + 0.2 * rate
+
+    def _on_token(self, slot: _Slot, r) -> bool:
+        """One generated token of one request; True when a stop string ended it."""
+        if not slot.t_first:
+            slot.t_first = time.perf_counter()
+        if r.finish_reason == "stop":  # an end-of-sequence token: not text
+            self._finish(slot, "stop", slot.pipeline.finalize(), r.prompt_cache, r.all_tokens)
+            return False
+        slot.tokens += 1
+        if slot.request.logprobs:
+            slot.logprobs.append(entry(self.model.tokenizer, r.token, r.logprobs, slot.request.top_logprobs))
+        text = slot.pipeline.add_token(r.token)
+        if slot.pipeline.stopped:
+            if slot.request.logprobs and not text:
+                slot.logprobs.pop()  # this token only completed the stop string
+            slot.sink(slot.event(text))
+            return True
+        if r.finish_reason == "length":
+            self._finish(slot, "length", text + slot.pipeline.finalize(), r.prompt_cache, r.all_tokens)
+        elif text:
+            slot.sink(slot.event(text))
+        return False
 
     def _finish(self, slot: _Slot, reason: str, text: str, cache=None, tokens=None) -> None:
         self._slots.pop(slot.uid, None)

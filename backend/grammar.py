@@ -11,7 +11,7 @@ with plain mx operations so the CPU and CUDA work too.
 import json
 import logging
 import threading
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -38,20 +38,21 @@ def _ll_tokenizer(lm):
         return _tokenizers[key]
 
 
-def grammar_source(grammar: str, metadata: Dict[str, str]) -> Optional[str]:
-    """The llguidance grammar for a request, or None when unconstrained."""
+def grammar_source(grammar: str, metadata: Dict[str, str]) -> Optional[Tuple[str, str]]:
+    """(llguidance grammar, the field it came from) for a request, or None."""
     from llguidance import grammar_from
 
     if grammar.strip():
         try:
-            return grammar_from("gbnf", grammar)  # also takes Lark
+            return grammar_from("gbnf", grammar), "Grammar"  # also takes Lark
         except ValueError as e:
             raise OptionError(f"Grammar: {e}") from None
-    schema = None
+    schema, field = None, "Metadata.json_schema"
     if metadata.get("json_schema", "").strip():
         schema = parse_json_field("Metadata.json_schema", metadata["json_schema"], dict)
     elif metadata.get("response_format", "").strip():
-        fmt = parse_json_field("Metadata.response_format", metadata["response_format"], dict)
+        field = "Metadata.response_format"
+        fmt = parse_json_field(field, metadata["response_format"], dict)
         kind = fmt.get("type")
         if kind == "json_schema":
             inner = fmt.get("json_schema") or {}
@@ -67,9 +68,9 @@ def grammar_source(grammar: str, metadata: Dict[str, str]) -> Optional[str]:
     from llguidance import LLMatcher
 
     try:
-        return LLMatcher.grammar_from_json_schema(json.dumps(schema))
+        return LLMatcher.grammar_from_json_schema(json.dumps(schema)), field
     except Exception as e:  # the compiler's own message says what is wrong
-        raise OptionError(f"json_schema: {e}") from None
+        raise OptionError(f"{field}: {e}") from None
 
 
 class GrammarProcessor:
@@ -111,13 +112,13 @@ def apply_bitmask(logits, bits: np.ndarray):
     return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))
 
 
-def compile_processor(lm, source: str) -> GrammarProcessor:
-    """A fresh matcher for one request; OptionError if the grammar is invalid."""
+def compile_processor(lm, source: str, field: str = "Grammar") -> GrammarProcessor:
+    """A fresh matcher for one request; OptionError naming `field` if invalid."""
     from llguidance import LLMatcher
 
     tok = _ll_tokenizer(lm)
     matcher = LLMatcher(tok, source, log_level=0)
     if matcher.is_error():
-        raise OptionError(f"Grammar: {matcher.get_error()}")
+        raise OptionError(f"{field}: {matcher.get_error()}")
     vocab = int(lm.config.get("vocab_size") or len(lm.tokenizer))
     return GrammarProcessor(matcher, max(vocab, tok.vocab_size))

@@ -149,6 +149,8 @@ def load(spec: LoadSpec) -> LoadedModel:
             path = str(gguf_to_mlx_dir(source))
         except GGUFError as e:
             raise ModelLoadError(f"{source}: {e}") from None
+        except Exception as e:  # a damaged or foreign file: the reader's own words
+            raise ModelLoadError(f"{source}: not a readable GGUF file ({type(e).__name__}: {e})") from None
     elif os.path.isdir(source):
         if _is_vision(Path(source)):
             raise ModelLoadError(f"{source} is a vision model (config has vision_config); vision is not served yet")

@@ -5,7 +5,10 @@ the event loop) and never touches MLX. Bad input raises OptionError, which the
 servicer turns into INVALID_ARGUMENT.
 """
 
+import base64
+import binascii
 import logging
+import math
 import os
 from typing import Any, Dict, List
 
@@ -101,7 +104,27 @@ def logit_bias(text: str, vocab: int) -> Dict[int, float]:
     return bias
 
 
+FLOAT_FIELDS = ("Temperature", "TopP", "MinP", "Penalty", "PresencePenalty", "FrequencyPenalty",
+                "TypicalP", "TailFreeSamplingZ")
+
+
+def check_media(opts) -> None:
+    """Images, videos and audio arrive base64; this backend serves text models."""
+    for name in ("Images", "Videos", "Audios"):
+        for i, item in enumerate(getattr(opts, name)):
+            data = item.split(",", 1)[1] if item.startswith("data:") else item
+            try:
+                base64.b64decode(data, validate=True)
+            except (binascii.Error, ValueError):
+                raise OptionError(f"{name}[{i}]: not valid base64") from None
+        if getattr(opts, name):
+            raise OptionError(f"{name}: the loaded model takes text only")
+
+
 def sampling_params(opts, options: Dict[str, Any], vocab: int = 1 << 31) -> SamplingParams:
+    for name in FLOAT_FIELDS:
+        if not math.isfinite(getattr(opts, name)):
+            raise OptionError(f"{name}: must be a finite number")
     if opts.Temperature < 0:
         raise OptionError(f"Temperature: must be >= 0, got {opts.Temperature}")
     if not 0 <= opts.TopP <= 1:
@@ -133,12 +156,30 @@ def sampling_params(opts, options: Dict[str, Any], vocab: int = 1 << 31) -> Samp
     )
 
 
+def _injected_fault(at: str):
+    """A logits processor that raises at the given step: fault-isolation tests only."""
+    try:
+        limit = int(at)
+    except ValueError:
+        raise OptionError("Metadata.fault_at_token: not a number") from None
+    calls = [0]
+
+    def processor(tokens, logits):
+        calls[0] += 1
+        if calls[0] > limit:
+            raise RuntimeError(f"injected fault at token {limit}")
+        return logits
+
+    return processor
+
+
 def build_request(lm, opts, epoch: int) -> Request:
     if opts.Tokens < 0:
         raise OptionError(f"Tokens: must be >= 0 (0 means until the end of the sequence), got {opts.Tokens}")
     for name in ("Logprobs", "TopLogprobs"):
         if not 0 <= getattr(opts, name) <= MAX_TOP_LOGPROBS:
             raise OptionError(f"{name}: must be within [0, {MAX_TOP_LOGPROBS}], got {getattr(opts, name)}")
+    check_media(opts)
     vocab = int(lm.config.get("vocab_size") or len(lm.tokenizer))
     sampling = sampling_params(opts, lm.options, vocab)
     sampling.xtc_special_tokens = sorted(lm.tokenizer.eos_token_ids)
@@ -147,7 +188,9 @@ def build_request(lm, opts, epoch: int) -> Request:
 
     source = grammar.grammar_source(opts.Grammar, dict(opts.Metadata))
     if source is not None:
-        extra.append(grammar.compile_processor(lm, source))
+        extra.append(grammar.compile_processor(lm, *source))
+    if os.environ.get("MLX_BACKEND_FAULT_INJECTION") == "1" and "fault_at_token" in opts.Metadata:
+        extra.append(_injected_fault(opts.Metadata["fault_at_token"]))
     tokens = prompt_tokens(lm, opts)
     if not tokens:
         raise OptionError("Prompt: it tokenizes to nothing")

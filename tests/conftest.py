@@ -21,7 +21,10 @@ def server(log_dir):
     """One backend with the embedded SmolLM2 GGUF loaded, shared by the e2e tests."""
     backend = Backend(log_path=str(log_dir / "server.log"))
     backend.wait_healthy()
-    result = backend.load("")
+    from model_loader import embedded_default
+
+    # Loaded by path, so requests that name another ModelIdentity are refused.
+    result = backend.load(embedded_default())
     assert result.success, result.message
     yield backend
     backend.stop()

@@ -100,5 +100,6 @@ def test_grammar_sources_and_errors():
         grammar.grammar_source("root ::= (", {})
     with pytest.raises(OptionError, match="json_schema"):
         grammar.grammar_source("", {"json_schema": "{oops"})
+    assert grammar.grammar_source("", {"json_schema": '{"type": "object"}'})[1] == "Metadata.json_schema"
     with pytest.raises(OptionError, match="response_format"):
         grammar.grammar_source("", {"response_format": '{"type": "xml"}'})
