@@ -36,6 +36,9 @@ test: install-test
 bench: install-test
 	$(PY) tests/bench.py
 
+soak: install-test
+	SOAK_REQUESTS=300 $(PYTEST) -q -s tests/test_soak.py
+
 clean:
 	rm -rf .venv backend/backend_pb2.py backend/backend_pb2_grpc.py .pytest_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
