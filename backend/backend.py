@@ -130,7 +130,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         d = EngineConfig()
         return EngineConfig(
             max_sequences=option_int(options, "max_sequences", d.max_sequences, minimum=1),
-            prefill_step_size=option_int(options, "prefill_step_size", d.prefill_step_size, minimum=16),
+            prefill_step_size=option_int(options, "prefill_step_size", d.prefill_step_size, minimum=0),
             prefill_batch_size=option_int(options, "prefill_batch_size", d.prefill_batch_size, minimum=1),
             prompt_cache_bytes=option_int(options, "prompt_cache_bytes", d.prompt_cache_bytes, minimum=0),
             prompt_cache_entries=option_int(options, "prompt_cache_entries", d.prompt_cache_entries, minimum=1),
@@ -197,11 +197,40 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         return backend_pb2.StatusResponse(
             state=state, memory=backend_pb2.MemoryUsageData(total=mem.get("active", 0), breakdown=mem))
 
+    async def ModelMetadata(self, request, context):
+        try:
+            lm = self._loaded()
+        except EngineError as e:
+            await self._fail(context, e.code, str(e))
+        return await asyncio.get_running_loop().run_in_executor(self.prep, model_metadata, lm)
+
     async def GetMetrics(self, request, context):
         m = self.engine.metrics
         return backend_pb2.MetricsResponse(
             tokens_per_second=m["tokens_per_second"], tokens_generated=m["tokens_generated"],
             prompt_tokens_processed=m["prompt_tokens_processed"])
+
+
+def model_metadata(lm) -> "backend_pb2.ModelMetadataResponse":
+    """What the host needs to know of the model's chat format (prep thread)."""
+    tok = lm.tokenizer
+    out = backend_pb2.ModelMetadataResponse(supports_thinking=bool(tok.has_thinking))
+    if tok.has_chat_template:
+        try:
+            out.rendered_template = tok.apply_chat_template(
+                [{"role": "user", "content": "Hello"}], add_generation_prompt=True, tokenize=False,
+                enable_thinking=True)
+        except Exception as e:  # a template that needs more than one user turn
+            log.warning("ModelMetadata: the chat template did not render: %s", e)
+    markers = out.tool_format
+    if tok.has_thinking:
+        markers.reasoning_start, markers.reasoning_end = tok.think_start, tok.think_end
+    if tok.has_tool_calling:
+        markers.format_type = tok.tool_parser.__module__.rsplit(".", 1)[-1]
+        markers.per_call_start, markers.per_call_end = tok.tool_call_start, tok.tool_call_end or ""
+        if markers.format_type == "json_tools":
+            markers.name_field, markers.args_field = "name", "arguments"
+    return out
 
 
 async def serve(addr: str) -> None:

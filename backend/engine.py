@@ -75,7 +75,7 @@ def _default_prompt_cache_bytes() -> int:
 @dataclass
 class EngineConfig:
     max_sequences: int = 8
-    prefill_step_size: int = 512
+    prefill_step_size: int = 0  # 0: 128 on the CPU (~1.5 s a chunk here), 512 on a GPU
     prefill_batch_size: int = 8
     prompt_cache_bytes: int = field(default_factory=_default_prompt_cache_bytes)
     prompt_cache_entries: int = 64
@@ -266,7 +266,7 @@ class Engine:
                 self._gen = BatchGenerator(
                     lm.model, completion_batch_size=self.config.max_sequences,
                     prefill_batch_size=self.config.prefill_batch_size,
-                    prefill_step_size=self.config.prefill_step_size, stream=self._stream)
+                    prefill_step_size=self._prefill_step(), stream=self._stream)
                 self._prompt_cache = LRUPromptCache(
                     max_size=self.config.prompt_cache_entries, max_bytes=self.config.prompt_cache_bytes)
                 self._eos = StopSequences([(t,) for t in lm.tokenizer.eos_token_ids])
@@ -297,6 +297,15 @@ class Engine:
             self._slots[slot.uid] = slot
             self.metrics["prompt_tokens_processed"] += len(rest)
             log.debug("request %d admitted: %d prompt tokens, %d cached", req.id, len(req.prompt), slot.cached)
+
+    def _prefill_step(self) -> int:
+        """Prompt tokens per prefill chunk: running streams wait at most one chunk.
+
+        Measured on a 2-core CPU: 66-87 tok/s prefill whatever the chunk from
+        64 to 512 tokens, so a small chunk costs little and bounds the stall.
+        """
+        mx = self._mx
+        return self.config.prefill_step_size or (128 if mx.default_device() == mx.cpu else 512)
 
     def _step(self) -> None:
         started = time.perf_counter()
