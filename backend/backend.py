@@ -28,6 +28,7 @@ import grpc  # noqa: E402
 import backend_pb2  # noqa: E402
 import backend_pb2_grpc  # noqa: E402
 from common import auth, parent_watch  # noqa: E402
+from common.mlx_utils import Delta, ToolCall  # noqa: E402
 from common.python_utils import OptionError, option_int, parse_options  # noqa: E402
 from engine import Engine, EngineError  # noqa: E402
 
@@ -75,12 +76,17 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             await self._fail(context, e.code, str(e))
 
     @staticmethod
-    def _reply(ev, text: str) -> "backend_pb2.Reply":
+    def _reply(ev, deltas) -> "backend_pb2.Reply":
+        """A Reply: content text in `message`, every channel in `chat_deltas`, running totals."""
         reply = backend_pb2.Reply(
-            message=text.encode("utf-8"), tokens=ev.tokens, prompt_tokens=ev.prompt_tokens,
-            timing_prompt_processing=ev.prompt_ms, timing_token_generation=ev.gen_ms)
-        if text:
-            reply.chat_deltas.append(backend_pb2.ChatDelta(content=text))
+            message="".join(d.content for d in deltas).encode("utf-8"), tokens=ev.tokens,
+            prompt_tokens=ev.prompt_tokens, timing_prompt_processing=ev.prompt_ms,
+            timing_token_generation=ev.gen_ms)
+        for d in deltas:
+            reply.chat_deltas.append(backend_pb2.ChatDelta(
+                content=d.content, reasoning_content=d.reasoning,
+                tool_calls=[backend_pb2.ToolCallDelta(index=c.index, id=c.id, name=c.name, arguments=c.arguments)
+                            for c in d.tool_calls]))
         if ev.logprobs is not None:
             reply.logprobs = json.dumps({"content": ev.logprobs}, ensure_ascii=False).encode("utf-8")
         return reply
@@ -144,21 +150,21 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         _, req = await self._prepared(request, context)
         try:
             async for ev in self.engine.stream(req):
-                if ev.text or ev.finish:
-                    yield self._reply(ev, ev.text)
+                if ev.deltas or ev.finish:
+                    yield self._reply(ev, ev.deltas)
         except EngineError as e:
             await self._fail(context, e.code, str(e))
 
     async def Predict(self, request, context):
         _, req = await self._prepared(request, context)
-        parts, last = [], None
+        deltas, last = [], None
         try:
             async for ev in self.engine.stream(req):
-                parts.append(ev.text)
+                deltas.extend(ev.deltas)
                 last = ev
         except EngineError as e:
             await self._fail(context, e.code, str(e))
-        return self._reply(last, "".join(parts))
+        return self._reply(last, [merge_deltas(deltas)])
 
     async def TokenizeString(self, request, context):
         import prepare
@@ -209,6 +215,20 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         return backend_pb2.MetricsResponse(
             tokens_per_second=m["tokens_per_second"], tokens_generated=m["tokens_generated"],
             prompt_tokens_processed=m["prompt_tokens_processed"])
+
+
+def merge_deltas(deltas) -> Delta:
+    """The streamed deltas merged as the host merges them: one ChatDelta for Predict."""
+    calls = {}
+    for d in deltas:
+        for c in d.tool_calls:
+            merged = calls.setdefault(c.index, ToolCall(index=c.index))
+            merged.id = c.id or merged.id
+            merged.name = c.name or merged.name
+            merged.arguments += c.arguments
+    return Delta(content="".join(d.content for d in deltas),
+                 reasoning="".join(d.reasoning for d in deltas),
+                 tool_calls=[calls[i] for i in sorted(calls)])
 
 
 def model_metadata(lm) -> "backend_pb2.ModelMetadataResponse":

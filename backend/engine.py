@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional
 
-from common.mlx_utils import TextPipeline
+from common.mlx_utils import Delta, OutputRouter, TextPipeline
 from logprobs import entry
 from sampling import SamplingParams
 
@@ -49,11 +49,12 @@ class Request:
     logprobs: bool = False
     top_logprobs: int = 0
     processors: List[Any] = field(default_factory=list)  # extra logits processors (grammar)
+    router: Optional[OutputRouter] = None  # content / reasoning / tool-call split
 
 
 @dataclass
 class Event:
-    text: str = ""
+    deltas: List[Delta] = field(default_factory=list)  # content / reasoning / tool-call pieces
     tokens: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -94,15 +95,15 @@ class _Slot:
     logprobs: List[dict] = field(default_factory=list)
     error: Optional[EngineError] = None  # set when this request alone failed
 
-    def event(self, text="", finish=None, error=None) -> Event:
+    def event(self, deltas=(), finish=None, error=None) -> Event:
         now = time.perf_counter()
         first = self.t_first or now
         return Event(
-            text=text, tokens=self.tokens, prompt_tokens=len(self.request.prompt),
+            deltas=list(deltas), tokens=self.tokens, prompt_tokens=len(self.request.prompt),
             cached_tokens=self.cached, prompt_ms=(first - self.t_admit) * 1000.0,
             gen_ms=(now - first) * 1000.0 if self.t_first else 0.0,
             finish=finish, error=error,
-            logprobs=self.logprobs if finish and self.request.logprobs else None)
+            logprobs=self.logprobs[: self.pipeline.kept_tokens()] if finish and self.request.logprobs else None)
 
 
 def _argmax(logprobs):
@@ -250,7 +251,7 @@ class Engine:
         if request.model_epoch != self.epoch:
             sink(Event(error=EngineError("ABORTED", "the model was reloaded while the request was prepared")))
             return
-        pipeline = TextPipeline(lm.tokenizer.detokenizer, request.stops)
+        pipeline = TextPipeline(lm.tokenizer.detokenizer, request.stops, request.router)
         self._waiting.append(_Slot(request=request, sink=sink, pipeline=pipeline))
 
     def _admit(self) -> None:
@@ -336,7 +337,7 @@ class Engine:
             caches = self._gen.remove([s.uid for s in stopped], return_prompt_caches=True)
             for slot in stopped:
                 cache, tokens = caches.get(slot.uid, (None, None))
-                self._finish(slot, "stop", "", cache, tokens)
+                self._finish(slot, "stop", slot.pipeline.finalize(), cache, tokens)
         if responses:
             self.metrics["tokens_generated"] += len(responses)
             rate = len(responses) / max(time.perf_counter() - started, 1e-6)
@@ -352,23 +353,22 @@ class Engine:
         slot.tokens += 1
         if slot.request.logprobs:
             slot.logprobs.append(entry(self.model.tokenizer, r.token, r.logprobs, slot.request.top_logprobs))
-        text = slot.pipeline.add_token(r.token)
+        deltas = slot.pipeline.add_token(r.token)
         if slot.pipeline.stopped:
-            if slot.request.logprobs and not text:
-                slot.logprobs.pop()  # this token only completed the stop string
-            slot.sink(slot.event(text))
+            if deltas:
+                slot.sink(slot.event(deltas))
             return True
         if r.finish_reason == "length":
-            self._finish(slot, "length", text + slot.pipeline.finalize(), r.prompt_cache, r.all_tokens)
-        elif text:
-            slot.sink(slot.event(text))
+            self._finish(slot, "length", deltas + slot.pipeline.finalize(), r.prompt_cache, r.all_tokens)
+        elif deltas:
+            slot.sink(slot.event(deltas))
         return False
 
-    def _finish(self, slot: _Slot, reason: str, text: str, cache=None, tokens=None) -> None:
+    def _finish(self, slot: _Slot, reason: str, deltas, cache=None, tokens=None) -> None:
         self._slots.pop(slot.uid, None)
         if cache is not None and tokens:
             self._prompt_cache.insert_cache(self.epoch, list(tokens), cache)
-        ev = slot.event(text, finish=reason)
+        ev = slot.event(deltas, finish=reason)
         slot.sink(ev)
         log.info("request %d %s: prompt %d tokens (%d cached), completion %d tokens, "
                  "prefill %.0f ms, decode %.0f ms%s", slot.request.id, reason, ev.prompt_tokens,
@@ -388,7 +388,7 @@ class Engine:
                 keep = bool(slot.t_first)
                 caches = self._gen.remove([slot.uid], return_prompt_caches=keep)
                 cache, tokens = caches.get(slot.uid, (None, None))
-                self._finish(slot, "cancelled", "", cache, tokens)
+                self._finish(slot, "cancelled", [], cache, tokens)
                 return
 
     def _fail_all(self, error: EngineError) -> None:

@@ -10,8 +10,9 @@ import binascii
 import logging
 import math
 import os
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
+from common.mlx_utils import OutputRouter
 from common.python_utils import (OptionError, messages_to_dicts, option_float, option_int,
                                  parse_bool, parse_json_field, parse_tools)
 from engine import EngineError, Request
@@ -57,15 +58,20 @@ def render_prompt(lm, opts) -> str:
         raise OptionError(f"Messages: the chat template failed: {type(e).__name__}: {e}") from None
 
 
-def prompt_tokens(lm, opts) -> List[int]:
-    """Token ids of the request's prompt (chat-rendered when Messages are used)."""
+def prompt(lm, opts) -> Tuple[str, List[int]]:
+    """The request's prompt as text and token ids (chat-rendered when Messages are used)."""
     tok = lm.tokenizer
     if opts.Messages and (opts.UseTokenizerTemplate or not opts.Prompt):
-        return tok.encode(render_prompt(lm, opts), add_special_tokens=False)
+        text = render_prompt(lm, opts)
+        return text, tok.encode(text, add_special_tokens=False)
     if not opts.Prompt:
         raise OptionError("Prompt: empty (send a Prompt or Messages)")
     bos = tok.bos_token
-    return tok.encode(opts.Prompt, add_special_tokens=not (bos and opts.Prompt.startswith(bos)))
+    return opts.Prompt, tok.encode(opts.Prompt, add_special_tokens=not (bos and opts.Prompt.startswith(bos)))
+
+
+def prompt_tokens(lm, opts) -> List[int]:
+    return prompt(lm, opts)[1]
 
 
 def _pick(value, options: Dict[str, Any], name: str, default, caster=float, minimum=None, maximum=None):
@@ -191,7 +197,7 @@ def build_request(lm, opts, epoch: int) -> Request:
         extra.append(grammar.compile_processor(lm, *source))
     if os.environ.get("MLX_BACKEND_FAULT_INJECTION") == "1" and "fault_at_token" in opts.Metadata:
         extra.append(_injected_fault(opts.Metadata["fault_at_token"]))
-    tokens = prompt_tokens(lm, opts)
+    text, tokens = prompt(lm, opts)
     if not tokens:
         raise OptionError("Prompt: it tokenizes to nothing")
     room = lm.context_size - len(tokens)
@@ -204,4 +210,5 @@ def build_request(lm, opts, epoch: int) -> Request:
                    stops=[s for s in opts.StopPrompts if s], model_epoch=epoch,
                    label=opts.CorrelationId, ignore_eos=opts.IgnoreEOS,
                    logprobs=opts.Logprobs > 0 or opts.TopLogprobs > 0,
-                   top_logprobs=opts.TopLogprobs, processors=extra)
+                   top_logprobs=opts.TopLogprobs, processors=extra,
+                   router=OutputRouter.for_tokenizer(lm.tokenizer, parse_tools(opts.Tools), text))

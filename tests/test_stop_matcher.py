@@ -100,8 +100,18 @@ def test_pipeline_never_splits_characters(text, stops, width):
     data = text.encode()
     table = [data[i:i + width] for i in range(0, len(data), width)]
     pipe = TextPipeline(FakeDetokenizer(table), stops)
-    out = [pipe.add_token(i) for i in range(len(table))] + [pipe.finalize()]
+    deltas = [pipe.add_token(i) for i in range(len(table))] + [pipe.finalize()]
+    out = ["".join(d.content for d in ds) for ds in deltas]
     for piece in out:
         piece.encode("utf-8")  # no lone surrogates, no split characters
         assert "\ufffd" not in piece
-    assert "".join(out) == truncate_at_stop(text, stops)[0]
+    expected, stopped = truncate_at_stop(text, stops)
+    assert "".join(out) == expected
+    # Tokens kept for logprobs: never one with a byte before the cut dropped;
+    # exactly those when no character spans tokens (a token that only finishes
+    # a split character may be kept).
+    cut = len(expected.encode())
+    visible = sum(1 for i in range(len(table)) if i * width < cut) if stopped else len(table)
+    assert pipe.kept_tokens() >= visible
+    if text.isascii():
+        assert pipe.kept_tokens() == visible
