@@ -59,6 +59,7 @@ class Backend:
         token = (env or {}).get("LOCALAI_GRPC_AUTH_TOKEN", os.environ.get("LOCALAI_GRPC_AUTH_TOKEN", ""))
         channel = grpc.intercept_channel(self.channel, _Bearer(token)) if token else self.channel
         self.stub = backend_pb2_grpc.BackendStub(channel)
+        self.raw_stub = backend_pb2_grpc.BackendStub(self.channel)  # sends no credentials
 
     def wait_healthy(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

@@ -84,7 +84,7 @@ def guarded(tmp_path_factory):
     log_path = str(tmp_path_factory.mktemp("guard") / "auth.log")
     backend = Backend(env=dict(BASE_ENV, LOCALAI_GRPC_AUTH_TOKEN=TOKEN), log_path=log_path)
     try:
-        wait_serving(backend.stub, bearer(TOKEN), backend.proc)
+        wait_serving(backend.raw_stub, bearer(TOKEN), backend.proc)
         yield backend
     finally:
         backend.stop()
@@ -101,7 +101,7 @@ def assert_unauthenticated(call):
 @pytest.mark.parametrize("metadata", [None, bearer("wrong-token"), [("authorization", TOKEN)]],
                          ids=["no-header", "wrong-token", "no-scheme"])
 def test_auth_on_refuses_every_rpc_without_the_token(guarded, metadata):
-    stub = guarded.stub
+    stub = guarded.raw_stub
     details = assert_unauthenticated(lambda: health(stub, metadata))
     assert "bearer" in details.lower()
     assert_unauthenticated(lambda: stub.Status(backend_pb2.HealthMessage(), timeout=5, metadata=metadata))
@@ -113,7 +113,7 @@ def test_auth_on_refuses_every_rpc_without_the_token(guarded, metadata):
 
 
 def test_auth_on_right_token_passes(guarded):
-    stub = guarded.stub
+    stub = guarded.raw_stub
     assert health(stub, bearer(TOKEN)).message == b"OK"
     assert stub.Status(backend_pb2.HealthMessage(), timeout=5, metadata=bearer(TOKEN)).state == \
         backend_pb2.StatusResponse.UNINITIALIZED
