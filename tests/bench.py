@@ -192,12 +192,14 @@ def ours(log_path: str) -> dict:
         v = threading.Thread(target=victim)
         v.start()
         seen.wait(120)
-        _, _, long_last, _ = stream(opts(long_prompt, 1))
+        long_start, long_times, long_last, _ = stream(opts(long_prompt, 1))
         v.join()
         out["stall_prompt_tokens"] = long_last.prompt_tokens
         out["stall_max_gap_ms"] = max(gaps) * 1000 if gaps else 0.0
-        prefill_rate = out["prefix_prompt_tokens"] / (out["prefix_cold_ttft_ms"] / 1000)
-        out["prefill_chunk_ms"] = 128 / prefill_rate * 1000
+        # While the victim decodes, each engine step is one decode step plus one
+        # 128-token prefill chunk: the long prompt's TTFT over its chunk count.
+        chunks = -(-long_last.prompt_tokens // 128)
+        out["prefill_chunk_ms"] = (long_times[0] - long_start) * 1000 / chunks
 
         frees = []
         for i in range(3):
@@ -237,9 +239,8 @@ def table(raw: dict, us: dict) -> str:
         ("(e) Health p99 ms, 8 streams", us["health_p99_ms"], None, None, "<= 20 ms"),
         ("(f) cancel -> slot free ms", us["cancel_to_free_ms"], us["decode_step_ms"],
          us["cancel_to_free_ms"] / us["decode_step_ms"], "<= 1 decode step"),
-        ("(g) longest stream pause, long prefill ms", us["stall_max_gap_ms"],
-         us["prefill_chunk_ms"] + us["decode_step_ms"],
-         us["stall_max_gap_ms"] / (us["prefill_chunk_ms"] + us["decode_step_ms"]), "~1 chunk + 1 step"),
+        ("(g) longest stream pause, long prefill ms", us["stall_max_gap_ms"], us["prefill_chunk_ms"],
+         us["stall_max_gap_ms"] / us["prefill_chunk_ms"], "~1 (chunk + step)"),
     ]
     lines = [f"{'measure':40} {'ours':>10} {'reference':>10} {'ratio':>8}  target",
              "-" * 88]

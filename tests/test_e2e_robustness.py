@@ -244,15 +244,21 @@ def test_a_failing_request_fails_alone(faulty):
     healthy(stub)
 
 
-def test_free_during_streams_aborts_them_cleanly(faulty):
-    stub = faulty.stub
-    started = threading.Event()
-
-    def streamer():
-        for i, _ in enumerate(stub.PredictStream(chat("Write a long essay about rivers.", Tokens=200), timeout=120)):
+def long_streamer(stub, topic, started):
+    """A long stream that sets `started` once two chunks have arrived."""
+    def run():
+        for i, _ in enumerate(stub.PredictStream(chat(f"Write a long essay about {topic}.", Tokens=200),
+                                                 timeout=120)):
             if i == 1:
                 started.set()
         return "finished"
+    return run
+
+
+def test_free_during_streams_aborts_them_cleanly(faulty):
+    stub = faulty.stub
+    started = threading.Event()
+    streamer = long_streamer(stub, "rivers", started)
 
     def freer():
         assert started.wait(60)
@@ -270,12 +276,7 @@ def test_free_during_streams_aborts_them_cleanly(faulty):
 def test_load_during_a_stream_replaces_the_model(faulty):
     stub = faulty.stub
     started = threading.Event()
-
-    def streamer():
-        for i, _ in enumerate(stub.PredictStream(chat("Write a long essay about lakes.", Tokens=200), timeout=120)):
-            if i == 1:
-                started.set()
-        return "finished"
+    streamer = long_streamer(stub, "lakes", started)
 
     def loader():
         assert started.wait(60)
