@@ -30,7 +30,9 @@ import backend_pb2_grpc  # noqa: E402
 from common import auth, parent_watch  # noqa: E402
 from common.mlx_utils import Delta, ToolCall  # noqa: E402
 from common.python_utils import OptionError, option_int, parse_options  # noqa: E402
-from engine import Engine, EngineError  # noqa: E402
+import model_loader  # noqa: E402
+import prepare  # noqa: E402
+from engine import Engine, EngineConfig, EngineError  # noqa: E402
 
 log = logging.getLogger("mlx-backend")
 
@@ -60,20 +62,20 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
                 "NOT_FOUND", f"mlx: model identity mismatch: loaded {lm.name!r}, requested {identity!r}")
 
     async def _prepared(self, request, context):
-        """(loaded model, engine Request) for a PredictOptions, or abort."""
-        import prepare
-
+        """The engine Request for a PredictOptions, or abort with the reason."""
         try:
             lm = self._loaded()
             self._check_identity(lm, request.ModelIdentity)
             epoch = self.engine.epoch
-            req = await asyncio.get_running_loop().run_in_executor(
+            return await asyncio.get_running_loop().run_in_executor(
                 self.prep, prepare.build_request, lm, request, epoch)
-            return lm, req
         except OptionError as e:
             await self._fail(context, "INVALID_ARGUMENT", str(e))
         except EngineError as e:
             await self._fail(context, e.code, str(e))
+        except Exception as e:  # a bug or a tokenizer failure: this request only
+            log.exception("preparing a request failed")
+            await self._fail(context, "INTERNAL", f"preparing the request failed: {type(e).__name__}: {e}")
 
     @staticmethod
     def _reply(ev, deltas) -> "backend_pb2.Reply":
@@ -97,8 +99,6 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         return backend_pb2.Reply(message=b"OK")
 
     async def LoadModel(self, request, context):
-        import model_loader
-
         try:
             if request.ContextSize < 0:
                 raise OptionError(f"ContextSize: must be >= 0, got {request.ContextSize}")
@@ -131,8 +131,6 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             success=True, message=f"loaded {lm.source} (dtype {lm.dtype}, context {lm.context_size})")
 
     def _engine_config(self, options):
-        from engine import EngineConfig
-
         d = EngineConfig()
         return EngineConfig(
             max_sequences=option_int(options, "max_sequences", d.max_sequences, minimum=1),
@@ -147,7 +145,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         return backend_pb2.Result(success=True, message="model freed")
 
     async def PredictStream(self, request, context):
-        _, req = await self._prepared(request, context)
+        req = await self._prepared(request, context)
         try:
             async for ev in self.engine.stream(req):
                 if ev.deltas or ev.finish:
@@ -156,7 +154,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             await self._fail(context, e.code, str(e))
 
     async def Predict(self, request, context):
-        _, req = await self._prepared(request, context)
+        req = await self._prepared(request, context)
         deltas, last = [], None
         try:
             async for ev in self.engine.stream(req):
@@ -167,8 +165,6 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         return self._reply(last, [merge_deltas(deltas)])
 
     async def TokenizeString(self, request, context):
-        import prepare
-
         try:
             lm = self._loaded()
             self._check_identity(lm, request.ModelIdentity)

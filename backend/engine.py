@@ -100,7 +100,7 @@ class _Slot:
         first = self.t_first or now
         return Event(
             deltas=list(deltas), tokens=self.tokens, prompt_tokens=len(self.request.prompt),
-            cached_tokens=self.cached, prompt_ms=(first - self.t_admit) * 1000.0,
+            cached_tokens=self.cached, prompt_ms=(first - self.t_admit) * 1000.0 if self.t_admit else 0.0,
             gen_ms=(now - first) * 1000.0 if self.t_first else 0.0,
             finish=finish, error=error,
             logprobs=self.logprobs[: self.pipeline.kept_tokens()] if finish and self.request.logprobs else None)

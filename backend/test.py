@@ -8,7 +8,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common.launcher import Backend, backend_pb2, chat  # noqa: E402
+from common.launcher import Backend, chat  # noqa: E402
 
 
 class SmokeTest(unittest.TestCase):

@@ -53,7 +53,6 @@ def chat_tokens(tokenizer, question, system=None):
 
 
 def raw_main() -> None:
-    import mlx.core as mx
     from mlx_lm import batch_generate, load, stream_generate
 
     from gguf_loader import gguf_to_mlx_dir
@@ -97,14 +96,8 @@ def raw_main() -> None:
 
 
 def ours(log_path: str) -> dict:
-    from mlx_lm.tokenizer_utils import load as load_tokenizer
-    from pathlib import Path
-
     from common.launcher import Backend, backend_pb2
-    from gguf_loader import gguf_to_mlx_dir
-    from model_loader import embedded_default
 
-    tok = load_tokenizer(Path(gguf_to_mlx_dir(embedded_default())))
     out = {}
     with Backend(log_path=log_path) as b:
         assert b.load("").success

