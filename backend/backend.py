@@ -302,6 +302,9 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The engine thread's Python work between MLX calls holds the GIL for up to
+    # one switch interval (5 ms by default): a shorter one keeps Health snappy.
+    sys.setswitchinterval(0.001)
     asyncio.run(serve(args.addr))
 
 
