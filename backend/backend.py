@@ -144,8 +144,14 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         await asyncio.wrap_future(self.engine.call(lambda engine: engine.replace_model(None)))
         return backend_pb2.Result(success=True, message="model freed")
 
+    def _cancel_when_done(self, context, req) -> None:
+        # gRPC may only cancel the handler at its next write, a decode step
+        # later; the done callback fires as soon as the client goes away.
+        context.add_done_callback(lambda _: self.engine.cancel(req.id))
+
     async def PredictStream(self, request, context):
         req = await self._prepared(request, context)
+        self._cancel_when_done(context, req)
         try:
             async for ev in self.engine.stream(req):
                 if ev.deltas or ev.finish:
@@ -155,6 +161,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
 
     async def Predict(self, request, context):
         req = await self._prepared(request, context)
+        self._cancel_when_done(context, req)
         deltas, last = [], None
         try:
             async for ev in self.engine.stream(req):

@@ -183,7 +183,11 @@ class Engine:
                 yield ev
         finally:
             if not done:  # the client left: free the slot at the next step
-                self._inbox.put(("cancel", request.id))
+                self.cancel(request.id)
+
+    def cancel(self, request_id: int) -> None:
+        """Take a request out at the next step (a no-op once it has finished)."""
+        self._inbox.put(("cancel", request_id))
 
     def stop(self) -> None:
         self._inbox.put(("stop",))
