@@ -29,7 +29,7 @@ import backend_pb2  # noqa: E402
 import backend_pb2_grpc  # noqa: E402
 from common import auth, parent_watch  # noqa: E402
 from common.mlx_utils import Delta, ToolCall  # noqa: E402
-from common.python_utils import OptionError, option_int, parse_options  # noqa: E402
+from common.python_utils import OptionError, option_bool, option_int, parse_options  # noqa: E402
 import model_loader  # noqa: E402
 import prepare  # noqa: E402
 from engine import Engine, EngineConfig, EngineError  # noqa: E402
@@ -108,7 +108,8 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
                 options=options,
                 context_size=request.ContextSize or option_int(options, "context_size", 0, minimum=1),
                 dtype=(request.DType or str(options.get("dtype", "auto"))).lower(),
-                trust_remote_code=request.TrustRemoteCode or bool(options.get("trust_remote_code")))
+                trust_remote_code=request.TrustRemoteCode or option_bool(options, "trust_remote_code", False))
+            option_bool(options, "enable_thinking", True)  # checked now, used per request
             config = self._engine_config(options)
         except OptionError as e:
             return backend_pb2.Result(success=False, message=f"invalid option: {e}")

@@ -146,6 +146,7 @@ def scratch(tmp_path_factory):
     ("bad dtype", {"Model": "", "DType": "float8"}, "dtype"),
     ("bad option value", {"Model": "", "Options": ["max_sequences:0"]}, "max_sequences"),
     ("option without key", {"Model": "", "Options": [":x"]}, "no key"),
+    ("option not a bool", {"Model": "", "Options": ["enable_thinking:maybe"]}, "enable_thinking"),
 ])
 def test_bad_load_keeps_the_loaded_model(server, scratch, name, fields, needle):
     result = server.stub.LoadModel(backend_pb2.ModelOptions(ModelPath=str(scratch), **fields), timeout=300)
