@@ -16,18 +16,25 @@ def log_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("logs")
 
 
+def serving(log_path, model="", env=None, **load_fields):
+    """Fixture body: a healthy backend with `model` loaded, stopped afterwards."""
+    backend = Backend(env=env, log_path=str(log_path))
+    try:
+        backend.wait_healthy()
+        result = backend.load(model, **load_fields)
+        assert result.success, result.message
+        yield backend
+    finally:
+        backend.stop()
+
+
 @pytest.fixture(scope="session")
 def server(log_dir):
     """One backend with the embedded SmolLM2 GGUF loaded, shared by the e2e tests."""
-    backend = Backend(log_path=str(log_dir / "server.log"))
-    backend.wait_healthy()
     from model_loader import embedded_default
 
     # Loaded by path, so requests that name another ModelIdentity are refused.
-    result = backend.load(embedded_default())
-    assert result.success, result.message
-    yield backend
-    backend.stop()
+    yield from serving(log_dir / "server.log", embedded_default())
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ import time
 import grpc
 import pytest
 
-from common.launcher import Backend, backend_pb2, chat
+from common.launcher import backend_pb2, chat
+from conftest import serving
 
 pytestmark = pytest.mark.e2e
 
@@ -86,12 +87,8 @@ def test_unary_deadline_frees_the_slot(stub):
 @pytest.fixture(scope="module")
 def small(log_dir):
     """A server with two sequences at most and a small prefix-cache bound."""
-    backend = Backend(log_path=str(log_dir / "batching-small.log"))
-    backend.wait_healthy()
-    result = backend.load("", Options=["max_sequences:2", "prompt_cache_bytes:6000000"])
-    assert result.success, result.message
-    yield backend
-    backend.stop()
+    yield from serving(log_dir / "batching-small.log",
+                       Options=["max_sequences:2", "prompt_cache_bytes:6000000"])
 
 
 def test_requests_beyond_the_cap_wait_in_the_queue(small):

@@ -10,7 +10,8 @@ import grpc
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from common.launcher import Backend, backend_pb2, chat
+from common.launcher import backend_pb2, chat
+from conftest import serving
 
 pytestmark = pytest.mark.e2e
 
@@ -202,11 +203,7 @@ def test_fuzzed_predict_options(server, opts, stream):
 @pytest.fixture(scope="module")
 def faulty(log_dir):
     """A server with fault injection switched on (Metadata fault_at_token)."""
-    backend = Backend(env={"MLX_BACKEND_FAULT_INJECTION": "1"}, log_path=str(log_dir / "faulty.log"))
-    backend.wait_healthy()
-    assert backend.load("").success
-    yield backend
-    backend.stop()
+    yield from serving(log_dir / "faulty.log", env={"MLX_BACKEND_FAULT_INJECTION": "1"})
 
 
 def run_threads(fns):

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from common.launcher import Backend, backend_pb2, chat
+from common.launcher import backend_pb2, chat
+from conftest import serving
 from models import qwen_coder_gguf, thinking_model_dir
 
 pytestmark = pytest.mark.e2e
@@ -37,13 +38,8 @@ def merge(chunks):
 
 @pytest.fixture(scope="module")
 def qwen(log_dir):
-    backend = Backend(log_path=str(log_dir / "qwen.log"))
-    backend.wait_healthy()
-    path = qwen_coder_gguf()
-    result = backend.load("qwen2.5-coder-0.5b-instruct", ModelFile=path, timeout=900)
-    assert result.success, result.message
-    yield backend
-    backend.stop()
+    yield from serving(log_dir / "qwen.log", "qwen2.5-coder-0.5b-instruct",
+                       ModelFile=qwen_coder_gguf(), timeout=900)
 
 
 def test_streamed_tool_call(qwen):
@@ -104,12 +100,7 @@ def test_qwen_model_metadata(qwen):
 
 @pytest.fixture(scope="module")
 def thinker(log_dir):
-    backend = Backend(log_path=str(log_dir / "thinker.log"))
-    backend.wait_healthy()
-    result = backend.load(thinking_model_dir())
-    assert result.success, result.message
-    yield backend
-    backend.stop()
+    yield from serving(log_dir / "thinker.log", thinking_model_dir())
 
 
 THOUGHT = "The user asks for the capital of France. It is Paris."
