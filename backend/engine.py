@@ -44,7 +44,7 @@ class Request:
     stops: List[str] = field(default_factory=list)
     model_epoch: int = 0
     id: int = 0
-    label: str = ""
+    label: str = ""  # the host's CorrelationId, for the log
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
@@ -374,8 +374,9 @@ class Engine:
             self._prompt_cache.insert_cache(self.epoch, list(tokens), cache)
         ev = slot.event(deltas, finish=reason)
         slot.sink(ev)
-        log.info("request %d %s: prompt %d tokens (%d cached), completion %d tokens, "
-                 "prefill %.0f ms, decode %.0f ms%s", slot.request.id, reason, ev.prompt_tokens,
+        log.info("request %d%s %s: prompt %d tokens (%d cached), completion %d tokens, "
+                 "prefill %.0f ms, decode %.0f ms%s", slot.request.id,
+                 f" ({slot.request.label})" if slot.request.label else "", reason, ev.prompt_tokens,
                  ev.cached_tokens, ev.tokens, ev.prompt_ms, ev.gen_ms,
                  f" ({ev.tokens * 1000.0 / ev.gen_ms:.1f} tok/s)" if ev.gen_ms > 0 else "")
 

@@ -41,13 +41,12 @@ def template_kwargs(opts, model_options: Dict[str, Any]) -> Dict[str, Any]:
     return kwargs
 
 
-def render_prompt(lm, opts) -> str:
-    """The chat template applied to Messages (with Tools), as text."""
+def render_prompt(lm, opts, tools) -> str:
+    """The chat template applied to Messages (with the parsed Tools), as text."""
     tok = lm.tokenizer
     if not tok.has_chat_template:
         raise OptionError("Messages: this model has no chat template; send a raw Prompt")
     messages = messages_to_dicts(opts.Messages)
-    tools = parse_tools(opts.Tools)
     try:
         return tok.apply_chat_template(
             messages, tools=tools, add_generation_prompt=True, tokenize=False,
@@ -58,11 +57,11 @@ def render_prompt(lm, opts) -> str:
         raise OptionError(f"Messages: the chat template failed: {type(e).__name__}: {e}") from None
 
 
-def prompt(lm, opts) -> Tuple[str, List[int]]:
+def prompt(lm, opts, tools=None) -> Tuple[str, List[int]]:
     """The request's prompt as text and token ids (chat-rendered when Messages are used)."""
     tok = lm.tokenizer
     if opts.Messages and (opts.UseTokenizerTemplate or not opts.Prompt):
-        text = render_prompt(lm, opts)
+        text = render_prompt(lm, opts, parse_tools(opts.Tools) if tools is None else tools)
         return text, tok.encode(text, add_special_tokens=False)
     if not opts.Prompt:
         raise OptionError("Prompt: empty (send a Prompt or Messages)")
@@ -197,7 +196,8 @@ def build_request(lm, opts, epoch: int) -> Request:
         extra.append(grammar.compile_processor(lm, *source))
     if os.environ.get("MLX_BACKEND_FAULT_INJECTION") == "1" and "fault_at_token" in opts.Metadata:
         extra.append(_injected_fault(opts.Metadata["fault_at_token"]))
-    text, tokens = prompt(lm, opts)
+    tools = parse_tools(opts.Tools)
+    text, tokens = prompt(lm, opts, tools)
     if not tokens:
         raise OptionError("Prompt: it tokenizes to nothing")
     room = lm.context_size - len(tokens)
@@ -211,4 +211,4 @@ def build_request(lm, opts, epoch: int) -> Request:
                    label=opts.CorrelationId, ignore_eos=opts.IgnoreEOS,
                    logprobs=opts.Logprobs > 0 or opts.TopLogprobs > 0,
                    top_logprobs=opts.TopLogprobs, processors=extra,
-                   router=OutputRouter.for_tokenizer(lm.tokenizer, parse_tools(opts.Tools), text))
+                   router=OutputRouter.for_tokenizer(lm.tokenizer, tools, text))
