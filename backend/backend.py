@@ -44,6 +44,9 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         self.engine = engine
         # Chat templates and tokenizers run here, off the event loop.
         self.prep = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="prep")
+        # Models load here while the engine keeps serving the old one; one load at a time.
+        self.loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="load")
+        self.load_lock = asyncio.Lock()
 
     # ---- helpers ------------------------------------------------------------
 
@@ -51,7 +54,9 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         await context.abort(getattr(grpc.StatusCode, code), message)
 
     def _loaded(self):
-        lm = self.engine.model
+        if not self.engine.alive:
+            raise EngineError("UNAVAILABLE", f"mlx: the engine has stopped ({self.engine.dead or 'gone'})")
+        lm = self.engine.model  # read once: the engine may swap it at any time
         if lm is None:
             raise EngineError("FAILED_PRECONDITION", "mlx: model not loaded")
         return lm
@@ -66,9 +71,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         try:
             lm = self._loaded()
             self._check_identity(lm, request.ModelIdentity)
-            epoch = self.engine.epoch
-            return await asyncio.get_running_loop().run_in_executor(
-                self.prep, prepare.build_request, lm, request, epoch)
+            return await asyncio.get_running_loop().run_in_executor(self.prep, prepare.build_request, lm, request)
         except OptionError as e:
             await self._fail(context, "INVALID_ARGUMENT", str(e))
         except EngineError as e:
@@ -96,6 +99,8 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
     # ---- RPCs -----------------------------------------------------------------
 
     async def Health(self, request, context):
+        if not self.engine.alive:  # the host then restarts this process
+            await self._fail(context, "UNAVAILABLE", f"mlx: the engine has stopped ({self.engine.dead or 'gone'})")
         return backend_pb2.Reply(message=b"OK")
 
     async def LoadModel(self, request, context):
@@ -110,24 +115,23 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
                 dtype=(request.DType or str(options.get("dtype", "auto"))).lower(),
                 trust_remote_code=request.TrustRemoteCode or option_bool(options, "trust_remote_code", False))
             option_bool(options, "enable_thinking", True)  # checked now, used per request
+            free_first = option_bool(options, "free_before_load", False)
             config = self._engine_config(options)
         except OptionError as e:
             return backend_pb2.Result(success=False, message=f"invalid option: {e}")
-
-        def load(engine):
-            loaded = model_loader.load(spec)
-            engine.config = config
-            engine.replace_model(loaded)
-            return loaded
-
-        try:
-            lm = await asyncio.wrap_future(self.engine.call(load))
-        except (model_loader.ModelNotFound, model_loader.ModelLoadError) as e:
-            log.error("LoadModel failed: %s", e)
-            return backend_pb2.Result(success=False, message=str(e))
-        except Exception as e:
-            log.exception("LoadModel failed")
-            return backend_pb2.Result(success=False, message=f"{type(e).__name__}: {e}")
+        async with self.load_lock:
+            try:
+                if free_first:  # for machines that cannot hold two models at once
+                    await asyncio.wrap_future(self.engine.swap(None))
+                # The old model keeps serving while the new one loads on its own thread.
+                lm = await asyncio.get_running_loop().run_in_executor(self.loader, model_loader.load, spec)
+                await asyncio.wrap_future(self.engine.swap(lm, config))
+            except (model_loader.ModelNotFound, model_loader.ModelLoadError, EngineError) as e:
+                log.error("LoadModel failed: %s", e)
+                return backend_pb2.Result(success=False, message=str(e))
+            except Exception as e:
+                log.exception("LoadModel failed")
+                return backend_pb2.Result(success=False, message=f"{type(e).__name__}: {e}")
         return backend_pb2.Result(
             success=True, message=f"loaded {lm.source} (dtype {lm.dtype}, context {lm.context_size})")
 
@@ -142,7 +146,11 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         )
 
     async def Free(self, request, context):
-        await asyncio.wrap_future(self.engine.call(lambda engine: engine.replace_model(None)))
+        try:
+            async with self.load_lock:
+                await asyncio.wrap_future(self.engine.swap(None))
+        except EngineError as e:
+            return backend_pb2.Result(success=False, message=str(e))
         return backend_pb2.Result(success=True, message="model freed")
 
     def _cancel_when_done(self, context, req) -> None:
@@ -199,7 +207,9 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
 
     async def Status(self, request, context):
         State = backend_pb2.StatusResponse.State
-        if self.engine.model is None:
+        if not self.engine.alive:
+            state = State.ERROR
+        elif self.engine.model is None:
             state = State.UNINITIALIZED
         else:
             state = State.BUSY if self.engine.busy else State.READY

@@ -1,11 +1,14 @@
 """The engine: one thread owns the model and every MLX call.
 
-Requests enter through a thread-safe inbox and come back as an async stream of
-Events. Every active request sits in one mlx-lm BatchGenerator (continuous
-batching: a request joins at the next step and leaves when done), each with
-its own sampler, logits processors, token budget and text pipeline. Finished
-and cancelled requests leave their KV cache in mlx-lm's LRUPromptCache (a trie
-over token ids, bounded by bytes) for the next request sharing the prefix.
+Work enters as typed commands through a thread-safe inbox (Submit, Cancel,
+Swap, Stop) and leaves as Events, handed to the event loop once per step for
+all requests together. Running requests share one batch (text_batch: mlx-lm's
+BatchGenerator and the prefix cache), each with its own sampler, logits
+processors, token budget and text pipeline.
+
+Every request gets exactly one terminal event (a finish or an error) on every
+path: `_end` is the only place a request leaves the engine, and a failure is
+confined to the request it belongs to whenever that request is known.
 """
 
 import asyncio
@@ -19,11 +22,10 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional
+from typing import Any, AsyncIterator, Deque, Dict, List, Optional
 
 from common.mlx_utils import Delta, OutputRouter, TextPipeline
-from logprobs import entry
-from sampling import SamplingParams
+from sampling import RequestFailure, SamplingParams
 
 log = logging.getLogger("mlx-backend.engine")
 
@@ -50,6 +52,7 @@ class Request:
     top_logprobs: int = 0
     processors: List[Any] = field(default_factory=list)  # extra logits processors (grammar)
     router: Optional[OutputRouter] = None  # content / reasoning / tool-call split
+    fault: str = ""  # fault-injection site, tests only (MLX_BACKEND_FAULT_INJECTION=1)
 
 
 @dataclass
@@ -63,6 +66,50 @@ class Event:
     finish: Optional[str] = None  # "stop" | "length" | "cancelled"
     error: Optional[EngineError] = None
     logprobs: Optional[List[dict]] = None  # on the last event, when asked for
+
+
+# ---- commands: the only things that enter the engine thread -------------------
+
+
+@dataclass
+class Submit:
+    request: Request
+    sink: "Sink"
+
+
+@dataclass
+class Cancel:
+    request_id: int
+
+
+@dataclass
+class Swap:
+    """Serve `model` (None: serve nothing) with `config`; the old model's requests end ABORTED."""
+    model: Any
+    config: Optional["EngineConfig"]
+    done: concurrent.futures.Future
+
+
+@dataclass
+class Stop:
+    pass
+
+
+class Sink:
+    """Where one request's events go: an asyncio queue on the caller's loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+
+def _deliver(batch) -> None:
+    for sink, event in batch:
+        sink.queue.put_nowait(event)
+
+
+class _InjectedDeath(BaseException):
+    """Kills the engine thread: tests of a dead engine only."""
 
 
 def _default_prompt_cache_bytes() -> int:
@@ -85,15 +132,16 @@ class EngineConfig:
 @dataclass
 class _Slot:
     request: Request
-    sink: Callable[[Event], None]
+    sink: Sink
     pipeline: TextPipeline
-    uid: int = -1
+    uid: int = -1  # in the batch generator, once admitted
     cached: int = 0
     tokens: int = 0
     t_admit: float = 0.0
     t_first: float = 0.0
     logprobs: List[dict] = field(default_factory=list)
     error: Optional[EngineError] = None  # set when this request alone failed
+    done: bool = False  # its terminal event was sent
 
     def event(self, deltas=(), finish=None, error=None) -> Event:
         now = time.perf_counter()
@@ -106,44 +154,20 @@ class _Slot:
             logprobs=self.logprobs[: self.pipeline.kept_tokens()] if finish and self.request.logprobs else None)
 
 
-def _argmax(logprobs):
-    return logprobs.argmax(axis=-1)
-
-
-def _unchanged(tokens, logits):
-    return logits
-
-
-def _guarded(slot: _Slot, fn: Callable, fallback: Callable) -> Callable:
-    """A request's own sampler or logits processor, failing that request alone.
-
-    The batch keeps decoding with the fallback for this row until the engine
-    removes the request at the end of the step.
-    """
-    def call(*args):
-        if slot.error is None:
-            try:
-                return fn(*args)
-            except Exception as e:
-                log.exception("request %d: its sampler or logits processor failed", slot.request.id)
-                slot.error = EngineError("INTERNAL", f"request failed while sampling: {type(e).__name__}: {e}")
-        return fallback(*args)
-    return call
-
-
 class Engine:
     def __init__(self, config: EngineConfig = None):
         self.config = config or EngineConfig()
-        self.model = None  # model_loader.LoadedModel, set and cleared in the engine thread
-        self.epoch = 0
+        self.model = None  # model_loader.LoadedModel: read by any thread, swapped by the engine thread
         self.memory: Dict[str, int] = {}
         self.metrics = {"tokens_generated": 0, "prompt_tokens_processed": 0, "tokens_per_second": 0.0}
+        self.dead: Optional[str] = None  # why the engine thread ended, once it has
+        self._lock = threading.Lock()  # orders submissions against the engine's death
         self._inbox: "queue.SimpleQueue" = queue.SimpleQueue()
         self._ids = itertools.count(1)
-        self._slots: Dict[int, _Slot] = {}  # by BatchGenerator uid
+        self._slots: Dict[int, _Slot] = {}  # running, by batch-generator uid
         self._waiting: Deque[_Slot] = deque()
-        self._gen = None
-        self._prompt_cache = None
+        self._outbox: List[tuple] = []  # (sink, event) to hand over at the end of the step
+        self._text = None  # text_batch.TextBatch of the current model, built on first use
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="mlx-engine", daemon=True)
         self._thread.start()
@@ -154,29 +178,31 @@ class Engine:
     def busy(self) -> bool:
         return bool(self._slots or self._waiting)
 
-    def call(self, fn: Callable, *args) -> concurrent.futures.Future:
-        """Run fn(engine, *args) in the engine thread (load, free, ...)."""
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-        self._inbox.put(("call", fn, args, fut))
-        return fut
+    @property
+    def alive(self) -> bool:
+        return self.dead is None and self._thread.is_alive()
+
+    def _put(self, command) -> None:
+        with self._lock:
+            if self.dead is not None:
+                raise EngineError("UNAVAILABLE", f"mlx: the engine has stopped ({self.dead})")
+            self._inbox.put(command)
+
+    def swap(self, model, config: Optional[EngineConfig] = None) -> concurrent.futures.Future:
+        """Serve `model` from the next step on (None frees the current one)."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._put(Swap(model, config, done))
+        return done
 
     async def stream(self, request: Request) -> AsyncIterator[Event]:
         """Submit a request; yields its Events until the last one (finish set)."""
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
+        sink = Sink(asyncio.get_running_loop())
         request.id = next(self._ids)
-
-        def sink(ev: Event) -> None:
-            try:
-                loop.call_soon_threadsafe(events.put_nowait, ev)
-            except RuntimeError:  # the loop is gone (shutdown): nobody listens
-                pass
-
-        self._inbox.put(("submit", request, sink))
+        self._put(Submit(request, sink))
         done = False
         try:
             while not done:
-                ev = await events.get()
+                ev = await sink.queue.get()
                 done = ev.finish is not None or ev.error is not None
                 if ev.error is not None:
                     raise ev.error
@@ -187,229 +213,280 @@ class Engine:
 
     def cancel(self, request_id: int) -> None:
         """Take a request out at the next step (a no-op once it has finished)."""
-        self._inbox.put(("cancel", request_id))
+        try:
+            self._put(Cancel(request_id))
+        except EngineError:
+            pass  # a dead engine holds no request
 
     def stop(self) -> None:
-        self._inbox.put(("stop",))
+        try:
+            self._put(Stop())
+        except EngineError:
+            return
         self._thread.join(timeout=10)
 
-    # ---- engine thread ----------------------------------------------------
+    # ---- engine thread: the loop ------------------------------------------
 
     def _run(self) -> None:
-        import mlx.core as mx
+        cause = "stopped"
+        try:
+            import mlx.core as mx
 
-        self._mx = mx
-        self._stream = mx.default_stream(mx.default_device())
-        last_mem = 0.0
-        while not self._stopping:
+            self._mx = mx
+            self._stream = mx.default_stream(mx.default_device())
+            last_mem = 0.0
+            while not self._stopping:
+                try:
+                    now = time.monotonic()
+                    idle = not self.busy
+                    if idle or now - last_mem > 0.5:  # fresh figures for Status, cheap
+                        self._update_memory()
+                        last_mem = now
+                    self._drain_inbox(block=idle)
+                    self._flush()
+                    self._admit()
+                    if self._slots:
+                        self._step()
+                except Exception:  # a bug in the batch as a whole: fail what runs, keep serving
+                    log.exception("engine step failed; failing the running requests")
+                    self._fail_running(EngineError("INTERNAL", "internal engine error (see the backend log)"))
+                finally:
+                    self._flush()
+        except BaseException as e:
+            cause = f"the engine thread died: {type(e).__name__}: {e}"
+            log.critical("%s; every request now fails with UNAVAILABLE", cause, exc_info=True)
+        finally:
+            self._close(cause)
+
+    def _close(self, cause: str) -> None:
+        """No command is accepted any more; everything still inside gets its last event."""
+        with self._lock:
+            self.dead = cause
+        error = EngineError("UNAVAILABLE", f"mlx: {cause}")
+        for slot in list(self._slots.values()) + list(self._waiting):
+            self._end(slot, Event(error=error))
+        while True:
             try:
-                now = time.monotonic()
-                idle = not self.busy
-                if idle or now - last_mem > 0.5:  # fresh figures for Status, cheap
-                    self._update_memory()
-                    last_mem = now
-                self._drain_inbox(block=idle)
-                self._admit()
-                if self._slots:
-                    self._step()
-            except Exception:  # a bug: fail what is in flight, keep serving
-                log.exception("engine step failed; failing the requests in flight")
-                self._fail_all(EngineError("INTERNAL", "internal engine error (see the backend log)"))
-                self._reset_generator()
+                command = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(command, Submit):
+                self._outbox.append((command.sink, Event(error=error)))
+            elif isinstance(command, Swap):
+                command.done.set_exception(error)
+        self._flush()
+
+    def _flush(self) -> None:
+        """Hand this step's events to their loops: one wake-up per loop, not one per token."""
+        if not self._outbox:
+            return
+        batch, self._outbox = self._outbox, []
+        by_loop: Dict[Any, list] = {}
+        for sink, event in batch:
+            by_loop.setdefault(sink.loop, []).append((sink, event))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # the loop is gone (shutdown): nobody listens
+                pass
 
     def _drain_inbox(self, block: bool) -> None:
         try:
-            item = self._inbox.get(timeout=None) if block else self._inbox.get_nowait()
+            command = self._inbox.get() if block else self._inbox.get_nowait()
         except queue.Empty:
             return
         while True:
-            self._handle(item)
+            self._handle(command)
             try:
-                item = self._inbox.get_nowait()
+                command = self._inbox.get_nowait()
             except queue.Empty:
                 return
 
-    def _handle(self, item) -> None:
-        kind = item[0]
-        if kind == "submit":
-            _, request, sink = item
-            self._enqueue(request, sink)
-        elif kind == "cancel":
-            self._cancel(item[1])
-        elif kind == "call":
-            _, fn, args, fut = item
-            if fut.set_running_or_notify_cancel():
+    def _handle(self, command) -> None:
+        if isinstance(command, Submit):
+            self._enqueue(command.request, command.sink)
+        elif isinstance(command, Cancel):
+            self._cancel(command.request_id)
+        elif isinstance(command, Swap):
+            if command.done.set_running_or_notify_cancel():
                 try:
-                    fut.set_result(fn(self, *args))
-                except BaseException as e:  # delivered to the caller
-                    fut.set_exception(e)
-        elif kind == "stop":
+                    self._swap(command.model, command.config)
+                    command.done.set_result(command.model)
+                except BaseException as e:  # delivered to the caller, then the engine goes on
+                    command.done.set_exception(e)
+                    if not isinstance(e, Exception):
+                        raise
+        elif isinstance(command, Stop):
             self._fail_all(EngineError("CANCELLED", "the backend is shutting down"))
             self._stopping = True
 
-    def _enqueue(self, request: Request, sink) -> None:
+    # ---- a request's way through ----------------------------------------------
+
+    def _emit(self, slot: _Slot, event: Event) -> None:
+        self._outbox.append((slot.sink, event))
+
+    def _end(self, slot: _Slot, event: Event) -> None:
+        """The one place a request leaves the engine: its terminal event, exactly once."""
+        if slot.done:
+            return
+        slot.done = True
+        self._slots.pop(slot.uid, None)
+        try:
+            self._waiting.remove(slot)
+        except ValueError:
+            pass
+        self._emit(slot, event)
+        if event.error is not None:
+            log.info("request %d%s failed: %s: %s", slot.request.id, _label(slot), event.error.code, event.error)
+        else:
+            log.info("request %d%s %s: prompt %d tokens (%d cached), completion %d tokens, "
+                     "prefill %.0f ms, decode %.0f ms%s", slot.request.id, _label(slot), event.finish,
+                     event.prompt_tokens, event.cached_tokens, event.tokens, event.prompt_ms, event.gen_ms,
+                     f" ({event.tokens * 1000.0 / event.gen_ms:.1f} tok/s)" if event.gen_ms > 0 else "")
+
+    def _fail(self, slot: _Slot, error: EngineError) -> None:
+        """This request alone failed: out of the batch, then its error."""
+        try:
+            if slot.uid in self._slots and self._text is not None:
+                self._text.remove([slot.uid])
+        finally:  # if the batch cannot let go of it, the step's handler resets the batch
+            self._end(slot, Event(error=error))
+
+    def _finish(self, slot: _Slot, reason: str, deltas: List[Delta], cache=None, tokens=None) -> None:
+        """A normal end; its KV cache is kept for later prompts when it is whole."""
+        try:
+            _inject(slot, "cache")
+            self._text.save(tokens, cache)
+        except Exception:  # the reply is complete: losing its cache entry must not fail it
+            log.exception("request %d: keeping its prompt cache failed", slot.request.id)
+        finally:
+            self._end(slot, slot.event(deltas, finish=reason))
+
+    def _enqueue(self, request: Request, sink: Sink) -> None:
         lm = self.model
         if lm is None:
-            sink(Event(error=EngineError("FAILED_PRECONDITION", "mlx: model not loaded")))
-            return
-        if request.model_epoch != self.epoch:
-            sink(Event(error=EngineError("ABORTED", "the model was reloaded while the request was prepared")))
-            return
-        pipeline = TextPipeline(lm.tokenizer.detokenizer, request.stops, request.router)
-        self._waiting.append(_Slot(request=request, sink=sink, pipeline=pipeline))
+            self._outbox.append((sink, Event(error=EngineError("FAILED_PRECONDITION", "mlx: model not loaded"))))
+        elif request.model_epoch != lm.epoch:
+            self._outbox.append((sink, Event(error=EngineError(
+                "ABORTED", "the model was reloaded while the request was prepared"))))
+        else:
+            pipeline = TextPipeline(lm.detokenizer(), request.stops, request.router)
+            self._waiting.append(_Slot(request=request, sink=sink, pipeline=pipeline))
 
     def _admit(self) -> None:
-        from mlx_lm.generate import BatchGenerator, StopSequences
-        from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
-
-        from sampling import make_processors, make_sampler
-
         while self._waiting and len(self._slots) < self.config.max_sequences:
-            slot = self._waiting.popleft()
-            lm, req = self.model, slot.request
-            if self._gen is None:
-                self._gen = BatchGenerator(
-                    lm.model, completion_batch_size=self.config.max_sequences,
-                    prefill_batch_size=self.config.prefill_batch_size,
-                    prefill_step_size=self._prefill_step(), stream=self._stream)
-                self._prompt_cache = LRUPromptCache(
-                    max_size=self.config.prompt_cache_entries, max_bytes=self.config.prompt_cache_bytes)
-                self._eos = StopSequences([(t,) for t in lm.tokenizer.eos_token_ids])
-                self._no_stop = StopSequences([])
-            cache, rest = self._prompt_cache.fetch_nearest_cache(self.epoch, req.prompt)
-            if cache is not None and not rest:
-                # The whole prompt is cached: recompute its last token for the logits.
-                if can_trim_prompt_cache(cache):
-                    trim_prompt_cache(cache, 1)
-                    rest = req.prompt[-1:]
-                else:
-                    cache, rest = None, req.prompt
-            slot.cached = len(req.prompt) - len(rest)
+            slot = self._waiting[0]  # stays in the queue, where a failure still finds it, until placed
+            req = slot.request
             slot.t_admit = time.perf_counter()
             try:
-                sampler = make_sampler(req.sampling, len(lm.tokenizer))
-                processors = make_processors(req.sampling, req.processors)
-            except Exception as e:
-                log.exception("request %d: building its sampler failed", req.id)
-                slot.sink(Event(error=EngineError("INTERNAL", f"request setup failed: {type(e).__name__}: {e}")))
+                _inject(slot, "admit")
+                if req.fault == "engine":
+                    raise _InjectedDeath("injected engine death")
+                uid, slot.cached = self._batch().admit(
+                    req.prompt, req.max_tokens, req.sampling, req.processors, req.ignore_eos,
+                    on_error=lambda e, slot=slot: self._sampling_failed(slot, e))
+            except Exception as e:  # this request alone: the batch is as it was
+                log.exception("request %d: admission failed", req.id)
+                self._end(slot, Event(error=EngineError(
+                    "INTERNAL", f"request setup failed: {type(e).__name__}: {e}")))
                 continue
-            (slot.uid,) = self._gen.insert(
-                [rest], max_tokens=[req.max_tokens], caches=[cache],
-                all_tokens=[req.prompt[: slot.cached]],
-                samplers=[_guarded(slot, sampler, _argmax) if sampler else None],
-                logits_processors=[[_guarded(slot, p, _unchanged) for p in processors]],
-                stop_sequences=[self._no_stop if req.ignore_eos else self._eos])
-            self._slots[slot.uid] = slot
-            self.metrics["prompt_tokens_processed"] += len(rest)
+            self._waiting.popleft()
+            slot.uid = uid
+            self._slots[uid] = slot
+            self.metrics["prompt_tokens_processed"] += len(req.prompt) - slot.cached
             log.debug("request %d admitted: %d prompt tokens, %d cached", req.id, len(req.prompt), slot.cached)
 
-    def _prefill_step(self) -> int:
-        """Prompt tokens per prefill chunk: running streams wait at most one chunk.
+    def _batch(self):
+        if self._text is None:
+            from text_batch import TextBatch
 
-        Measured on a 2-core CPU: 66-87 tok/s prefill whatever the chunk from
-        64 to 512 tokens, so a small chunk costs little and bounds the stall.
-        """
-        mx = self._mx
-        return self.config.prefill_step_size or (128 if mx.default_device() == mx.cpu else 512)
+            c, mx = self.config, self._mx
+            self._text = TextBatch(
+                self.model, max_sequences=c.max_sequences, prefill_batch_size=c.prefill_batch_size,
+                # Measured on a 2-core CPU: 66-87 tok/s prefill whatever the chunk from 64 to
+                # 512 tokens, so a small chunk costs little and bounds the stall of running streams.
+                prefill_step_size=c.prefill_step_size or (128 if mx.default_device() == mx.cpu else 512),
+                prompt_cache_bytes=c.prompt_cache_bytes, prompt_cache_entries=c.prompt_cache_entries,
+                stream=self._stream)
+        return self._text
+
+    @staticmethod
+    def _sampling_failed(slot: _Slot, e: Exception) -> None:
+        log.error("request %d: its sampler or logits processor failed", slot.request.id, exc_info=e)
+        if slot.error is None:
+            slot.error = EngineError("INTERNAL", str(e) if isinstance(e, RequestFailure)
+                                     else f"request failed while sampling: {type(e).__name__}: {e}")
 
     def _step(self) -> None:
         started = time.perf_counter()
-        _, responses = self._gen.next()
-        stopped, failed = [], []
+        responses = self._text.step()
         for r in responses:
             slot = self._slots.get(r.uid)
-            if slot is None:
+            if slot is None or slot.done or slot.error is not None:
                 continue
-            if slot.error is None:
-                try:
-                    if self._on_token(slot, r):
-                        stopped.append(slot)
-                except Exception as e:  # this request's text pipeline: it alone fails
-                    log.exception("request %d failed on token %d", slot.request.id, r.token)
-                    slot.error = EngineError("INTERNAL", f"request failed: {type(e).__name__}: {e}")
-            if slot.error is not None and slot.uid in self._slots:
-                failed.append(slot)
-        for slot in list(self._slots.values()):  # failures inside a sampler or processor
-            if slot.error is not None and slot not in failed:
-                failed.append(slot)
-        if failed:
-            self._gen.remove([s.uid for s in failed])
-            for slot in failed:
-                self._slots.pop(slot.uid, None)
-                slot.sink(Event(error=slot.error))
-        if stopped:
-            caches = self._gen.remove([s.uid for s in stopped], return_prompt_caches=True)
-            for slot in stopped:
-                cache, tokens = caches.get(slot.uid, (None, None))
-                self._finish(slot, "stop", slot.pipeline.finalize(), cache, tokens)
+            try:
+                self._on_token(slot, r)
+            except Exception as e:  # this request's text pipeline: it alone fails
+                log.exception("request %d failed on token %d", slot.request.id, r.token)
+                slot.error = EngineError("INTERNAL", f"request failed: {type(e).__name__}: {e}")
+        for slot in [s for s in self._slots.values() if s.error is not None]:
+            self._fail(slot, slot.error)
         if responses:
             self.metrics["tokens_generated"] += len(responses)
             rate = len(responses) / max(time.perf_counter() - started, 1e-6)
             self.metrics["tokens_per_second"] = 0.8 * self.metrics["tokens_per_second"] + 0.2 * rate
 
-    def _on_token(self, slot: _Slot, r) -> bool:
-        """One generated token of one request; True when a stop string ended it."""
+    def _on_token(self, slot: _Slot, r) -> None:
+        """One generated token of one request."""
         if not slot.t_first:
             slot.t_first = time.perf_counter()
         if r.finish_reason == "stop":  # an end-of-sequence token: not text
             self._finish(slot, "stop", slot.pipeline.finalize(), r.prompt_cache, r.all_tokens)
-            return False
+            return
         slot.tokens += 1
         if slot.request.logprobs:
+            from logprobs import entry
+
             slot.logprobs.append(entry(self.model.tokenizer, r.token, r.logprobs, slot.request.top_logprobs))
         deltas = slot.pipeline.add_token(r.token)
-        if slot.pipeline.stopped:
-            if deltas:
-                slot.sink(slot.event(deltas))
-            return True
-        if r.finish_reason == "length":
+        if slot.pipeline.stopped:  # a stop string: out of the batch, its cache kept
+            cache, tokens = self._text.remove([slot.uid], keep_cache=True).get(slot.uid, (None, None))
+            self._finish(slot, "stop", deltas + slot.pipeline.finalize(), cache, tokens)
+        elif r.finish_reason == "length":
             self._finish(slot, "length", deltas + slot.pipeline.finalize(), r.prompt_cache, r.all_tokens)
         elif deltas:
-            slot.sink(slot.event(deltas))
-        return False
-
-    def _finish(self, slot: _Slot, reason: str, deltas, cache=None, tokens=None) -> None:
-        self._slots.pop(slot.uid, None)
-        if cache is not None and tokens:
-            self._prompt_cache.insert_cache(self.epoch, list(tokens), cache)
-        ev = slot.event(deltas, finish=reason)
-        slot.sink(ev)
-        log.info("request %d%s %s: prompt %d tokens (%d cached), completion %d tokens, "
-                 "prefill %.0f ms, decode %.0f ms%s", slot.request.id,
-                 f" ({slot.request.label})" if slot.request.label else "", reason, ev.prompt_tokens,
-                 ev.cached_tokens, ev.tokens, ev.prompt_ms, ev.gen_ms,
-                 f" ({ev.tokens * 1000.0 / ev.gen_ms:.1f} tok/s)" if ev.gen_ms > 0 else "")
+            self._emit(slot, slot.event(deltas))
 
     def _cancel(self, request_id: int) -> None:
-        for slot in list(self._waiting):
-            if slot.request.id == request_id:
-                self._waiting.remove(slot)
-                slot.sink(slot.event(finish="cancelled"))
+        for slot in list(self._waiting) + list(self._slots.values()):
+            if slot.request.id != request_id:
+                continue
+            if slot.uid not in self._slots:
+                self._end(slot, slot.event(finish="cancelled"))
                 return
+            # Only a request that reached decoding has a cache known to be whole
+            # (a prompt batch mid-prefill may still hold padding).
+            kept = self._text.remove([slot.uid], keep_cache=bool(slot.t_first))
+            cache, tokens = kept.get(slot.uid, (None, None))
+            self._finish(slot, "cancelled", [], cache, tokens)
+            return
+
+    def _fail_running(self, error: EngineError) -> None:
+        """The batch itself failed: its requests end with `error`, waiting ones start afresh."""
         for slot in list(self._slots.values()):
-            if slot.request.id == request_id:
-                # Only a request that reached decoding has a cache known to be whole
-                # (a prompt batch mid-prefill may still hold padding).
-                keep = bool(slot.t_first)
-                caches = self._gen.remove([slot.uid], return_prompt_caches=keep)
-                cache, tokens = caches.get(slot.uid, (None, None))
-                self._finish(slot, "cancelled", [], cache, tokens)
-                return
+            self._end(slot, Event(error=error))
+        self._reset_batch()
 
     def _fail_all(self, error: EngineError) -> None:
         for slot in list(self._slots.values()) + list(self._waiting):
-            slot.sink(Event(error=error))
-        self._slots.clear()
-        self._waiting.clear()
+            self._end(slot, Event(error=error))
+        self._reset_batch()
 
-    def _reset_generator(self) -> None:
-        if self._gen is not None:
-            try:
-                self._gen.close()
-            except Exception:
-                log.exception("closing the batch generator failed")
-        self._gen = None
-        self._prompt_cache = None
+    def _reset_batch(self) -> None:
+        self._slots.clear()
+        if self._text is not None:
+            self._text.close()
+        self._text = None
 
     def _update_memory(self) -> None:
         mx = self._mx
@@ -417,18 +494,25 @@ class Engine:
             "active": mx.get_active_memory(),
             "cache": mx.get_cache_memory(),
             "peak": mx.get_peak_memory(),
-            "prompt_cache": self._prompt_cache.nbytes if self._prompt_cache is not None else 0,
+            "prompt_cache": self._text.cache_bytes if self._text is not None else 0,
         }
 
-    # ---- model lifecycle (run through call()) -----------------------------
-
-    def replace_model(self, loaded) -> None:
-        """Drop the current model, its batch and caches; serve `loaded` (may be None)."""
+    def _swap(self, model, config: Optional[EngineConfig]) -> None:
+        """Drop the current model, its batch and caches; serve `model` (may be None)."""
         self._fail_all(EngineError("ABORTED", "the model was unloaded or replaced"))
-        self._reset_generator()
         self.model = None
         gc.collect()
         self._mx.clear_cache()
-        self.model = loaded
-        self.epoch += 1
+        if config is not None:
+            self.config = config
+        self.model = model
         self._update_memory()
+
+
+def _label(slot: _Slot) -> str:
+    return f" ({slot.request.label})" if slot.request.label else ""
+
+
+def _inject(slot: _Slot, site: str) -> None:
+    if slot.request.fault == site:
+        raise RuntimeError(f"injected fault at {site}")

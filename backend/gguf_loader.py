@@ -30,6 +30,7 @@ CONVERTER_VERSION = 1
 NATIVE_TYPES = {"F32", "F16", "Q4_0", "Q4_1", "Q8_0"}
 
 ARCHITECTURES = ("llama", "qwen2")
+PROGRESS_EVERY_S = 5.0  # a long conversion says how far it got this often
 
 # Pre-tokenizer split patterns by `tokenizer.ggml.pre` (facts from the models'
 # own tokenizer definitions).
@@ -212,7 +213,11 @@ def _dequantized_weights(path: str) -> Dict[str, Any]:
 
     reader = GGUFReader(path)
     out = {}
-    for t in reader.tensors:
+    total, last_log = len(reader.tensors), time.monotonic()
+    for i, t in enumerate(reader.tensors):
+        if time.monotonic() - last_log >= PROGRESS_EVERY_S:
+            last_log = time.monotonic()
+            log.info("dequantizing %s: %d/%d tensors", os.path.basename(path), i, total)
         arr = dequantize(t.data, t.tensor_type)
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         arr = arr.reshape(shape)

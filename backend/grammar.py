@@ -11,31 +11,29 @@ with plain mx operations so the CPU and CUDA work too.
 import json
 import logging
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
 from common.python_utils import OptionError, parse_json_field
+from sampling import RequestFailure
 
 log = logging.getLogger("mlx-backend.grammar")
 
-_tokenizers: Dict[int, Any] = {}
 _lock = threading.Lock()
 
 
 def _ll_tokenizer(lm):
-    """llguidance's view of the model's tokenizer: ~1 s to build, once per model."""
+    """llguidance's view of the model's tokenizer: ~1 s to build, kept with that model."""
     import llguidance.hf
 
-    key = id(lm)
     with _lock:
-        if key not in _tokenizers:
-            _tokenizers.clear()  # one model at a time
+        if "llguidance" not in lm.derived:
             hf = lm.tokenizer._tokenizer
             n_vocab = int(lm.config.get("vocab_size") or len(hf))
-            _tokenizers[key] = llguidance.hf.from_tokenizer(
+            lm.derived["llguidance"] = llguidance.hf.from_tokenizer(
                 hf, n_vocab=max(n_vocab, len(hf)), eos_token=sorted(lm.tokenizer.eos_token_ids))
-        return _tokenizers[key]
+        return lm.derived["llguidance"]
 
 
 def grammar_source(grammar: str, metadata: Dict[str, str]) -> Optional[Tuple[str, str]]:
@@ -74,29 +72,41 @@ def grammar_source(grammar: str, metadata: Dict[str, str]) -> Optional[Tuple[str
 
 
 class GrammarProcessor:
-    """An mlx-lm logits processor that keeps one request inside its grammar."""
+    """An mlx-lm logits processor that keeps one request inside its grammar.
 
-    def __init__(self, matcher, vocab_size: int):
+    If the matcher fails, the request fails: text generated without its
+    constraint must never be returned as if it had been constrained.
+    """
+
+    def __init__(self, matcher, vocab_size: int, fault_at: int = -1):
         self.matcher = matcher
         self.vocab_size = vocab_size
         self.calls = 0
-        self.broken = False
+        self.fault_at = fault_at  # tests only: feed the matcher a token it forbids at this step
 
     def __call__(self, tokens, logits):
         from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
-        if self.calls > 0 and not self.broken:
+        if self.calls > 0:
             # The last context token is the one sampled at the previous step.
-            self.matcher.consume_token(int(tokens[-1].item()))
+            token = int(tokens[-1].item())
+            if self.calls == self.fault_at:
+                token = self._forbidden()
+            self.matcher.consume_token(token)
         self.calls += 1
-        if self.broken or self.matcher.is_error():
-            if not self.broken:
-                log.warning("grammar matcher failed (%s); the rest is unconstrained", self.matcher.get_error())
-                self.broken = True
-            return logits
+        if self.matcher.is_error():
+            raise RequestFailure(f"the grammar failed after {self.calls - 1} tokens: {self.matcher.get_error()}")
         bits = allocate_token_bitmask(1, self.vocab_size)
         fill_next_token_bitmask(self.matcher, bits)
         return apply_bitmask(logits, bits)
+
+    def _forbidden(self) -> int:
+        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+
+        bits = allocate_token_bitmask(1, self.vocab_size)
+        fill_next_token_bitmask(self.matcher, bits)
+        allowed = np.unpackbits(bits.view(np.uint8), bitorder="little")[: self.vocab_size]
+        return int(np.flatnonzero(allowed == 0)[0])
 
 
 def apply_bitmask(logits, bits: np.ndarray):
@@ -112,7 +122,7 @@ def apply_bitmask(logits, bits: np.ndarray):
     return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))
 
 
-def compile_processor(lm, source: str, field: str = "Grammar") -> GrammarProcessor:
+def compile_processor(lm, source: str, field: str = "Grammar", fault_at: int = -1) -> GrammarProcessor:
     """A fresh matcher for one request; OptionError naming `field` if invalid."""
     from llguidance import LLMatcher
 
@@ -121,4 +131,4 @@ def compile_processor(lm, source: str, field: str = "Grammar") -> GrammarProcess
     if matcher.is_error():
         raise OptionError(f"{field}: {matcher.get_error()}")
     vocab = int(lm.config.get("vocab_size") or len(lm.tokenizer))
-    return GrammarProcessor(matcher, max(vocab, tok.vocab_size))
+    return GrammarProcessor(matcher, max(vocab, tok.vocab_size), fault_at)

@@ -1,12 +1,18 @@
-"""Where a model comes from and how it is loaded (engine thread only).
+"""Where a model comes from and how it is loaded (on the loading thread).
 
 A host sends `Model` (a name, a path or a hub id), `ModelFile` (its own
 join of the models folder and `Model`) and `ModelPath` (the models folder).
 Local mlx-lm directories and hub ids go through mlx-lm's loader; `.gguf`
 files are converted once by gguf_loader and then loaded the same way.
+
+Loading runs on its own thread while the engine keeps serving the old model;
+every array of the new model is evaluated there, because MLX streams belong
+to the thread that made them and the engine thread may only use finished
+arrays from another thread.
 """
 
 import importlib.util
+import itertools
 import json
 import logging
 import os
@@ -19,6 +25,7 @@ log = logging.getLogger("mlx-backend.loader")
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = ("auto", "float32", "float16", "bfloat16", "native")
+_epochs = itertools.count(1)
 
 
 class ModelNotFound(Exception):
@@ -51,6 +58,30 @@ class LoadedModel:
     dtype: str
     options: Dict[str, Any]
     load_seconds: float
+    # Which load this is: a request prepared for another epoch is refused.
+    epoch: int = field(default_factory=lambda: next(_epochs))
+    # Things built from this model on demand (the grammar tokenizer), kept
+    # with it so that a later model can never get them.
+    derived: Dict[str, Any] = field(default_factory=dict)
+
+    def detokenizer(self):
+        """A fresh streaming detokenizer that keeps every character.
+
+        mlx-lm's drop a leading space from the first token (they decode a
+        completion as if it were a whole text); a continuation must keep it.
+        """
+        from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
+
+        detok = self.tokenizer.detokenizer
+        if isinstance(detok, BPEStreamingDetokenizer):
+            detok._maybe_trim_space = _keep
+        elif isinstance(detok, SPMStreamingDetokenizer):
+            detok.trim_space = False
+        return detok
+
+
+def _keep(text: str) -> str:
+    return text
 
 
 def embedded_default() -> str:
@@ -122,6 +153,28 @@ def _choose_dtype(requested: str, model) -> Optional[str]:
     return "float32" if f32_bytes <= total // 4 else None
 
 
+def _materialize(model) -> None:
+    """Evaluate every array the model holds, private ones (rope tables) included."""
+    import mlx.core as mx
+
+    arrays = []
+
+    def collect(value):
+        if isinstance(value, mx.array):
+            arrays.append(value)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                collect(v)
+        elif isinstance(value, dict):
+            for v in value.values():
+                collect(v)
+
+    for module in model.modules():
+        collect(dict(module))
+        collect(list(vars(module).values()))
+    mx.eval(arrays)
+
+
 def _cast(model, dtype: str) -> None:
     import mlx.core as mx
     from mlx_lm.utils import dequantize_model
@@ -141,6 +194,7 @@ def load(spec: LoadSpec) -> LoadedModel:
         raise ModelLoadError(f"dtype {spec.dtype!r} is not one of {', '.join(DTYPES)}")
     started = time.monotonic()
     source = resolve(spec)
+    log.info("loading %s", source)
     path = source
     if os.path.isfile(source):
         if not source.lower().endswith(".gguf"):
@@ -169,6 +223,7 @@ def load(spec: LoadSpec) -> LoadedModel:
     dtype = _choose_dtype(spec.dtype, model)
     if dtype:
         _cast(model, dtype)
+    _materialize(model)
     ctx = spec.context_size or int(config.get("max_position_embeddings")
                                    or config.get("text_config", {}).get("max_position_embeddings") or 4096)
     mx.clear_cache()

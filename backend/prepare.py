@@ -63,13 +63,12 @@ def prompt(lm, opts, tools=None) -> Tuple[str, List[int]]:
     if opts.Messages and (opts.UseTokenizerTemplate or not opts.Prompt):
         text = render_prompt(lm, opts, parse_tools(opts.Tools) if tools is None else tools)
         return text, tok.encode(text, add_special_tokens=False)
-    if not opts.Prompt:
-        raise OptionError("Prompt: empty (send a Prompt or Messages)")
     bos = tok.bos_token
     return opts.Prompt, tok.encode(opts.Prompt, add_special_tokens=not (bos and opts.Prompt.startswith(bos)))
 
 
 def prompt_tokens(lm, opts) -> List[int]:
+    """TokenizeString: what the tokenizer makes of the prompt, the empty one included."""
     return prompt(lm, opts)[1]
 
 
@@ -161,12 +160,18 @@ def sampling_params(opts, options: Dict[str, Any], vocab: int = 1 << 31) -> Samp
     )
 
 
-def _injected_fault(at: str):
-    """A logits processor that raises at the given step: fault-isolation tests only."""
+FAULT_SITES = ("admit", "cache", "engine")  # where Metadata `fault` makes the engine fail
+
+
+def _fault_step(meta, key: str) -> int:
     try:
-        limit = int(at)
+        return int(meta[key])
     except ValueError:
-        raise OptionError("Metadata.fault_at_token: not a number") from None
+        raise OptionError(f"Metadata.{key}: not a number") from None
+
+
+def _injected_fault(limit: int):
+    """A logits processor that raises at the given step: fault-isolation tests only."""
     calls = [0]
 
     def processor(tokens, logits):
@@ -178,7 +183,7 @@ def _injected_fault(at: str):
     return processor
 
 
-def build_request(lm, opts, epoch: int) -> Request:
+def build_request(lm, opts) -> Request:
     if opts.Tokens < 0:
         raise OptionError(f"Tokens: must be >= 0 (0 means until the end of the sequence), got {opts.Tokens}")
     for name in ("Logprobs", "TopLogprobs"):
@@ -188,18 +193,22 @@ def build_request(lm, opts, epoch: int) -> Request:
     vocab = int(lm.config.get("vocab_size") or len(lm.tokenizer))
     sampling = sampling_params(opts, lm.options, vocab)
     sampling.xtc_special_tokens = sorted(lm.tokenizer.eos_token_ids)
-    extra = []
+    extra, fault, meta = [], "", dict(opts.Metadata)
+    faults = os.environ.get("MLX_BACKEND_FAULT_INJECTION") == "1"
+    if faults and "fault_at_token" in meta:
+        extra.append(_injected_fault(_fault_step(meta, "fault_at_token")))
+    if faults and meta.get("fault") in FAULT_SITES:
+        fault = meta["fault"]
     import grammar
 
-    source = grammar.grammar_source(opts.Grammar, dict(opts.Metadata))
+    source = grammar.grammar_source(opts.Grammar, meta)
     if source is not None:
-        extra.append(grammar.compile_processor(lm, *source))
-    if os.environ.get("MLX_BACKEND_FAULT_INJECTION") == "1" and "fault_at_token" in opts.Metadata:
-        extra.append(_injected_fault(opts.Metadata["fault_at_token"]))
+        grammar_fault = _fault_step(meta, "grammar_fault_at_token") if faults and "grammar_fault_at_token" in meta else -1
+        extra.append(grammar.compile_processor(lm, *source, fault_at=grammar_fault))
     tools = parse_tools(opts.Tools)
     text, tokens = prompt(lm, opts, tools)
     if not tokens:
-        raise OptionError("Prompt: it tokenizes to nothing")
+        raise OptionError("Prompt: empty (send a Prompt or Messages)" if not text else "Prompt: it tokenizes to nothing")
     room = lm.context_size - len(tokens)
     if room <= 0:
         raise EngineError(
@@ -207,7 +216,7 @@ def build_request(lm, opts, epoch: int) -> Request:
             f"the prompt is {len(tokens)} tokens; the context holds {lm.context_size}")
     limit = opts.Tokens or option_int(lm.options, "max_tokens", 0, minimum=0) or room
     return Request(prompt=tokens, max_tokens=min(limit, room), sampling=sampling,
-                   stops=[s for s in opts.StopPrompts if s], model_epoch=epoch,
+                   stops=[s for s in opts.StopPrompts if s], model_epoch=lm.epoch, fault=fault,
                    label=opts.CorrelationId, ignore_eos=opts.IgnoreEOS,
                    logprobs=opts.Logprobs > 0 or opts.TopLogprobs > 0,
                    top_logprobs=opts.TopLogprobs, processors=extra,

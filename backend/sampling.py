@@ -7,6 +7,10 @@ import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
 
 
+class RequestFailure(Exception):
+    """Raised by a request's own logits processor (its grammar): the message is for the client."""
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 0.0

@@ -1,0 +1,104 @@
+"""Text generation for one loaded model: mlx-lm's BatchGenerator and the prefix cache.
+
+The engine's kind of work for text: it admits a request (nearest cached
+prefix, the request's own sampler and logits processors), runs one step of
+the whole batch, and takes requests out, returning their KV cache when it is
+whole. Engine thread only.
+"""
+
+import logging
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from mlx_lm.generate import BatchGenerator, StopSequences
+from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
+
+from sampling import SamplingParams, make_processors, make_sampler
+
+log = logging.getLogger("mlx-backend.text")
+
+
+def _argmax(logprobs):
+    return logprobs.argmax(axis=-1)
+
+
+def _unchanged(tokens, logits):
+    return logits
+
+
+def guarded(fn: Callable, fallback: Callable, on_error: Callable[[Exception], None]) -> Callable:
+    """A request's own sampler or logits processor that fails that request alone.
+
+    After the first error the batch keeps decoding that row with `fallback`
+    until the engine takes the request out at the end of the step.
+    """
+    failed = False
+
+    def call(*args):
+        nonlocal failed
+        if not failed:
+            try:
+                return fn(*args)
+            except Exception as e:
+                failed = True
+                on_error(e)
+        return fallback(*args)
+
+    return call
+
+
+class TextBatch:
+    def __init__(self, lm, *, max_sequences: int, prefill_batch_size: int, prefill_step_size: int,
+                 prompt_cache_bytes: int, prompt_cache_entries: int, stream):
+        self.lm = lm
+        self.gen = BatchGenerator(
+            lm.model, completion_batch_size=max_sequences, prefill_batch_size=prefill_batch_size,
+            prefill_step_size=prefill_step_size, stream=stream)
+        self.cache = LRUPromptCache(max_size=prompt_cache_entries, max_bytes=prompt_cache_bytes)
+        self._eos = StopSequences([(t,) for t in lm.tokenizer.eos_token_ids])
+        self._no_stop = StopSequences([])
+
+    def admit(self, prompt: List[int], max_tokens: int, sampling: SamplingParams, extra: List[Any],
+              ignore_eos: bool, on_error: Callable[[Exception], None]) -> Tuple[int, int]:
+        """Insert one request; (its uid, prompt tokens served from the cache). Raises on failure,
+        leaving the batch as it was."""
+        cache, rest = self.cache.fetch_nearest_cache(self.lm.epoch, prompt)
+        if cache is not None and not rest:
+            # The whole prompt is cached: recompute its last token for the logits.
+            if can_trim_prompt_cache(cache):
+                trim_prompt_cache(cache, 1)
+                rest = prompt[-1:]
+            else:
+                cache, rest = None, prompt
+        cached = len(prompt) - len(rest)
+        sampler = make_sampler(sampling, len(self.lm.tokenizer))
+        processors = make_processors(sampling, extra)
+        (uid,) = self.gen.insert(
+            [rest], max_tokens=[max_tokens], caches=[cache], all_tokens=[prompt[:cached]],
+            samplers=[guarded(sampler, _argmax, on_error) if sampler else None],
+            logits_processors=[[guarded(p, _unchanged, on_error) for p in processors]],
+            stop_sequences=[self._no_stop if ignore_eos else self._eos])
+        return uid, cached
+
+    def step(self) -> list:
+        """One decode step for every running request (and a prefill chunk for new ones)."""
+        _, responses = self.gen.next()
+        return responses
+
+    def remove(self, uids: List[int], keep_cache: bool = False) -> Dict[int, Tuple[Any, List[int]]]:
+        """Take requests out of the batch; with keep_cache, {uid: (KV cache, its tokens)}."""
+        return self.gen.remove(uids, return_prompt_caches=keep_cache)
+
+    def save(self, tokens: Optional[List[int]], cache: Optional[Any]) -> None:
+        """Keep a finished request's KV cache for later prompts sharing its prefix."""
+        if cache is not None and tokens:
+            self.cache.insert_cache(self.lm.epoch, list(tokens), cache)
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.cache.nbytes
+
+    def close(self) -> None:
+        try:
+            self.gen.close()
+        except Exception:
+            log.exception("closing the batch generator failed")
