@@ -1,0 +1,99 @@
+"""Loaded models own what is derived from them; long conversions say how far they got."""
+
+import asyncio
+import dataclasses
+import gc
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+
+def test_gguf_dequantization_logs_progress(tmp_path, caplog, monkeypatch):
+    import gguf
+
+    import gguf_loader
+
+    path = str(tmp_path / "tiny.gguf")
+    writer = gguf.GGUFWriter(path, "llama")
+    tensors = {f"blk.{i}.ffn_up.weight": np.arange(12, dtype=np.float32).reshape(3, 4) * (i + 1) for i in range(4)}
+    for name, value in tensors.items():
+        writer.add_tensor(name, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    monkeypatch.setattr(gguf_loader, "PROGRESS_EVERY_S", 0.0)
+    with caplog.at_level(logging.INFO, logger="mlx-backend.gguf"):
+        weights = gguf_loader._dequantized_weights(path)
+    assert [r.getMessage() for r in caplog.records] == [f"dequantizing tiny.gguf: {i}/4 tensors" for i in range(4)]
+    for i in range(4):
+        got = np.array(weights[f"model.layers.{i}.mlp.up_proj.weight"])
+        assert np.array_equal(got, tensors[f"blk.{i}.ffn_up.weight"])
+
+
+def _tokenizers():
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from gguf_loader import gguf_to_mlx_dir
+    from model_loader import embedded_default
+    from models import thinking_model_dir
+
+    # The thinking variant gives ids 3 and 4 to "<think>" and "</think>".
+    return (load_tokenizer(Path(gguf_to_mlx_dir(embedded_default()))),
+            load_tokenizer(Path(thinking_model_dir())))
+
+
+def test_each_model_gets_its_own_grammar_vocabulary():
+    import grammar
+
+    plain, thinking = _tokenizers()
+    assert thinking.convert_ids_to_tokens(3) == "<think>" and plain.convert_ids_to_tokens(3) != "<think>"
+
+    def model(tok):
+        return SimpleNamespace(tokenizer=tok, config={}, derived={})
+
+    first = model(plain)
+    grammar._ll_tokenizer(first)
+    # A later model at the same address (as after Free + LoadModel) must not see the first's vocabulary.
+    address, later, spare = id(first), None, []
+    del first
+    gc.collect()
+    for _ in range(1000):
+        candidate = model(thinking)
+        if id(candidate) == address:
+            later = candidate
+            break
+        spare.append(candidate)
+    assert later is not None, "could not place a model at the freed address"
+    assert grammar._ll_tokenizer(later).decode_bytes([3]) == b"<think>", \
+        "the grammar would be built with another model's vocabulary"
+
+
+def test_a_request_prepared_for_a_replaced_model_is_aborted():
+    import model_loader
+    import prepare
+    from common.launcher import backend_pb2
+    from engine import Engine, EngineError
+
+    first = model_loader.load(model_loader.LoadSpec(model=""))
+    second = dataclasses.replace(first, epoch=next(model_loader._epochs), derived={})
+    engine = Engine()
+    try:
+        engine.swap(first).result(60)
+        stale = prepare.build_request(first, backend_pb2.PredictOptions(Prompt="Hello", Tokens=2))
+        fresh = prepare.build_request(first, backend_pb2.PredictOptions(Prompt="Hello", Tokens=2))
+        engine.swap(second).result(60)
+        fresh.model_epoch = second.epoch
+
+        async def run(request):
+            return [ev async for ev in engine.stream(request)]
+
+        with pytest.raises(EngineError) as err:
+            asyncio.run(run(stale))
+        assert err.value.code == "ABORTED"
+        assert asyncio.run(run(fresh))[-1].tokens == 2
+    finally:
+        engine.stop()
