@@ -67,11 +67,25 @@ def test_seeded_sampling_same_alone_and_in_a_batch(stub):
     assert texts != {alone}
 
 
+def prefilled(stub):
+    """Prompt tokens the server has prefilled so far (cached ones are not counted)."""
+    return stub.GetMetrics(backend_pb2.MetricsRequest(), timeout=5).prompt_tokens_processed
+
+
 def test_prompt_tokens_count_the_whole_prompt_on_a_cache_hit(stub):
     opts = chat("Explain photosynthesis in one sentence.", Tokens=4)
     expected = stub.TokenizeString(opts, timeout=30).length
+    wait_ready(stub)  # nothing else in flight moves the counter meanwhile
+    before = prefilled(stub)
     first = stub.Predict(opts, timeout=120)
-    second = stub.Predict(opts, timeout=120)  # served mostly from the prefix cache
+    middle = prefilled(stub)
+    second = stub.Predict(opts, timeout=120)  # served from the prefix cache
+    after = prefilled(stub)
+    # The first request prefilled what no earlier request left cached (the chat
+    # template's head may be); the second only recomputes the last prompt token.
+    assert 1 <= middle - before <= expected
+    assert after - middle == 1
+    # The reply still counts the whole prompt, cached or not.
     assert first.prompt_tokens == second.prompt_tokens == expected
     assert first.message == second.message
 

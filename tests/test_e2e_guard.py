@@ -3,6 +3,7 @@
 Each test starts its own backend (they end it) and bounds every RPC and wait.
 """
 
+import json
 import os
 import select
 import signal
@@ -251,7 +252,7 @@ def stream_in_thread(stub, request):
     return first, result, thread
 
 
-def sigterm_mid_stream(tmp_path, env, tokens):
+def sigterm_mid_stream(tmp_path, env, tokens, **fields):
     """Load the embedded model, SIGTERM after the first chunk; (stream result, exit code, log)."""
     log_path = str(tmp_path / "stream.log")
     backend = Backend(env=dict(BASE_ENV, **env), log_path=log_path)
@@ -259,7 +260,8 @@ def sigterm_mid_stream(tmp_path, env, tokens):
         wait_serving(backend.stub, proc=backend.proc)
         loaded = backend.load("", timeout=180)
         assert loaded.success, loaded.message
-        request = chat("Tell me a long story about a dragon.", Tokens=tokens, IgnoreEOS=True, Temperature=0)
+        request = chat("Tell me a long story about a dragon.", Tokens=tokens, IgnoreEOS=True, Temperature=0,
+                       **fields)
         first, result, thread = stream_in_thread(backend.stub, request)
         assert first.wait(60), "no first chunk"
         assert result["chunks"], f"stream failed before its first chunk: {result['error']}"
@@ -273,18 +275,24 @@ def sigterm_mid_stream(tmp_path, env, tokens):
 
 
 def test_sigterm_during_a_stream_lets_it_finish(tmp_path):
-    # What happens: the stream completes normally. SIGTERM stops new RPCs, but the
-    # default 10 s grace lets this one run on: 40 tokens of SmolLM2-135M took ~7 s
-    # on 2 busy CPU cores (all 40 tokens, totals on the last chunk), then the
-    # process exited 0. On a machine slow enough to outrun the grace the stream
-    # would end with an error instead (as in the next test), which is also allowed.
-    result, code, log = sigterm_mid_stream(tmp_path, {}, tokens=40)
-    error = result["error"]
-    assert error is None or error.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE), error
-    if error is None:
-        assert result["chunks"][-1].tokens == 40
+    # SIGTERM stops new RPCs, but a grace far longer than this short stream lets
+    # the one in flight run to its end; then the process exits 0.
+    tokens = 24
+    result, code, log = sigterm_mid_stream(tmp_path, {"MLX_BACKEND_SHUTDOWN_GRACE": "60"}, tokens, Logprobs=1)
+    assert result["error"] is None, result["error"]
+    chunks = result["chunks"]
+    last = chunks[-1]
+    assert last.tokens == tokens and last.prompt_tokens > 0
+    # Every generated token's text reached the client: the streamed text is the
+    # concatenation of the bytes of all `tokens` tokens the last chunk reports.
+    generated = json.loads(last.logprobs)["content"]
+    assert len(generated) == tokens
+    assert b"".join(c.message for c in chunks) == b"".join(bytes(e["bytes"]) for e in generated)
     assert code == 0
-    assert "received SIGTERM" in log and "stopped" in log
+    # The stream was still running when the signal arrived: it ended after it.
+    assert "received SIGTERM" in log and "in-flight requests get up to 60s" in log and "stopped" in log
+    finished = log.find(f"length: prompt {last.prompt_tokens} tokens")
+    assert log.index("received SIGTERM") < finished < log.index("stopped"), log
 
 
 def test_sigterm_with_zero_grace_cancels_the_stream(tmp_path):

@@ -117,12 +117,31 @@ def test_oversized_message_is_refused(server):
     healthy(server.stub)
 
 
+def served(reply):
+    """The reply carries generated text and counts: not an empty Reply."""
+    assert reply.tokens > 0 and reply.prompt_tokens > 0, reply
+    assert reply.message or any(d.content or d.reasoning_content or d.tool_calls for d in reply.chat_deltas), reply
+
+
 def test_odd_but_valid_input_is_served(server):
     stub = server.stub
+    plain = stub.Predict(chat(Q, Tokens=2), timeout=120)
+    served(plain)
     for opts in (with_(Seed=-2**31), with_(Seed=2**31 - 1), with_(StopPrompts=["", "\x00"]),
-                 with_(Tokens=2**31 - 1, Temperature=1e-7), with_(TopK=10**9), with_(Threads=-5, Batch=-1),
-                 meta("unknown_key", "x"), with_(Prompt="ignored when Messages are templated")):
-        assert stub.Predict(opts, timeout=120).message is not None
+                 with_(TopK=10**9), with_(Threads=-5, Batch=-1), meta("unknown_key", "x"),
+                 with_(Prompt="ignored when Messages are templated")):
+        reply = stub.Predict(opts, timeout=120)
+        served(reply)
+        # Greedy decoding of the same messages: the odd field changes nothing.
+        assert (reply.message, reply.tokens, reply.prompt_tokens) == \
+            (plain.message, plain.tokens, plain.prompt_tokens), opts
+    # The largest budget is capped by the context; the reply ends as usual, at the
+    # end of the sequence, long before the context is full.
+    reply = stub.Predict(with_(Tokens=2**31 - 1, Temperature=1e-7), timeout=120)
+    served(reply)
+    assert reply.prompt_tokens == plain.prompt_tokens
+    assert plain.tokens < reply.tokens < 1000, reply.tokens
+    assert reply.message.startswith(plain.message)
 
 
 @pytest.fixture(scope="module")

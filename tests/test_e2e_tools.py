@@ -5,7 +5,6 @@ SmolLM2 with a thinking chat template (tests/models.py) for reasoning.
 """
 
 import json
-import time
 
 import pytest
 
@@ -42,14 +41,23 @@ def qwen(log_dir):
                        ModelFile=qwen_coder_gguf(), timeout=900)
 
 
+def closing_token(entries):
+    """Index of the generated token whose bytes complete the leading JSON value."""
+    data = b"".join(bytes(e["bytes"]) for e in entries)
+    text = data.decode()
+    lead = len(text) - len(text.lstrip())
+    value, end = json.JSONDecoder().raw_decode(text, lead)
+    end_byte, upto = len(text[:end].encode()), 0
+    for k, e in enumerate(entries):
+        upto += len(e["bytes"])
+        if upto >= end_byte:
+            return k, value
+    raise AssertionError("unreachable")
+
+
 def test_streamed_tool_call(qwen):
-    opts = chat(WEATHER, Tokens=40, Tools=TOOLS)
-    start = time.perf_counter()
-    chunks, first_call_at = [], None
-    for c in qwen.stub.PredictStream(opts, timeout=600):
-        chunks.append(c)
-        if first_call_at is None and any(d.tool_calls for d in c.chat_deltas):
-            first_call_at = time.perf_counter() - start
+    opts = chat(WEATHER, Tokens=40, Tools=TOOLS, Logprobs=1)
+    chunks = list(qwen.stub.PredictStream(opts, timeout=600))
     content, _, calls = merge(chunks)
     assert len(calls) == 1, calls
     assert calls[0]["name"] == "get_weather" and calls[0]["id"]
@@ -58,8 +66,16 @@ def test_streamed_tool_call(qwen):
     for c in chunks:
         assert "<tool_call>" not in c.message.decode()
         assert all("<tool_call>" not in d.content and "{" not in d.content for d in c.chat_deltas)
-    print(f"\ntool call: {len(chunks)} chunks, {chunks[-1].tokens} tokens, ToolCallDelta after "
-          f"{first_call_at:.2f}s (stream ended {time.perf_counter() - start:.2f}s)")
+    # The call leaves as soon as it is whole: on the token that closes its JSON
+    # (Reply.tokens is the running count). The model ends right after that token
+    # (end of sequence, not counted), so the last chunk has the same count: the
+    # call must also come in its own chunk before it, not held until the end.
+    k, value = closing_token(json.loads(chunks[-1].logprobs)["content"])
+    assert value["name"] == "get_weather"
+    carrying = [i for i, c in enumerate(chunks) if any(d.tool_calls for d in c.chat_deltas)]
+    assert len(carrying) == 1, carrying
+    assert chunks[carrying[0]].tokens == k + 1
+    assert carrying[0] < len(chunks) - 1
 
 
 def test_unary_tool_call_matches_the_stream(qwen):
