@@ -324,6 +324,13 @@ def main(argv=None) -> None:
     # one switch interval (5 ms by default): a shorter one keeps Health snappy.
     sys.setswitchinterval(0.001)
     asyncio.run(serve(args.addr))
+    # Everything has stopped. Skip the interpreter's teardown: MLX's native one can
+    # abort ("terminate called without an active exception") while threads that
+    # used it are being torn down, turning a clean stop into SIGABRT.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -378,23 +378,30 @@ class Engine:
             slot = self._waiting[0]  # stays in the queue, where a failure still finds it, until placed
             req = slot.request
             slot.t_admit = time.perf_counter()
+            # Alone, a short rest is prefilled at once and its first token sampled directly.
+            direct = not self._slots and len(self._waiting) == 1
             try:
                 _inject(slot, "admit")
                 if req.fault == "engine":
                     raise _InjectedDeath("injected engine death")
-                uid, slot.cached = self._batch().admit(
+                uid, slot.cached, first = self._batch().admit(
                     req.prompt, req.max_tokens, req.sampling, req.processors, req.ignore_eos,
-                    on_error=lambda e, slot=slot: self._sampling_failed(slot, e))
+                    on_error=lambda e, slot=slot: self._sampling_failed(slot, e), direct=direct)
             except Exception as e:  # this request alone: the batch is as it was
                 log.exception("request %d: admission failed", req.id)
                 self._end(slot, Event(error=EngineError(
                     "INTERNAL", f"request setup failed: {type(e).__name__}: {e}")))
                 continue
             self._waiting.popleft()
-            slot.uid = uid
-            self._slots[uid] = slot
+            if uid >= 0:
+                slot.uid = uid
+                self._slots[uid] = slot
             self.metrics["prompt_tokens_processed"] += len(req.prompt) - slot.cached
             log.debug("request %d admitted: %d prompt tokens, %d cached", req.id, len(req.prompt), slot.cached)
+            if first is not None and slot.error is None:
+                self._token(slot, first)
+            if slot.error is not None:  # its sampler, processors or pipeline failed on the first token
+                self._fail(slot, slot.error)
 
     def _batch(self):
         if self._text is None:
@@ -422,19 +429,21 @@ class Engine:
         responses = self._text.step()
         for r in responses:
             slot = self._slots.get(r.uid)
-            if slot is None or slot.done or slot.error is not None:
-                continue
-            try:
-                self._on_token(slot, r)
-            except Exception as e:  # this request's text pipeline: it alone fails
-                log.exception("request %d failed on token %d", slot.request.id, r.token)
-                slot.error = EngineError("INTERNAL", f"request failed: {type(e).__name__}: {e}")
+            if slot is not None and not slot.done and slot.error is None:
+                self._token(slot, r)
         for slot in [s for s in self._slots.values() if s.error is not None]:
             self._fail(slot, slot.error)
         if responses:
             self.metrics["tokens_generated"] += len(responses)
             rate = len(responses) / max(time.perf_counter() - started, 1e-6)
             self.metrics["tokens_per_second"] = 0.8 * self.metrics["tokens_per_second"] + 0.2 * rate
+
+    def _token(self, slot: _Slot, r) -> None:
+        try:
+            self._on_token(slot, r)
+        except Exception as e:  # this request's text pipeline: it alone fails
+            log.exception("request %d failed on token %d", slot.request.id, r.token)
+            slot.error = slot.error or EngineError("INTERNAL", f"request failed: {type(e).__name__}: {e}")
 
     def _on_token(self, slot: _Slot, r) -> None:
         """One generated token of one request."""

@@ -7,10 +7,12 @@ whole. Engine thread only.
 """
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
-from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
 from sampling import SamplingParams, make_processors, make_sampler
 
@@ -46,6 +48,17 @@ def guarded(fn: Callable, fallback: Callable, on_error: Callable[[Exception], No
     return call
 
 
+@dataclass
+class First:
+    """The first token of a request the engine prefilled directly (shaped like a batch response)."""
+    uid: int
+    token: int
+    logprobs: Any
+    finish_reason: Optional[str]
+    prompt_cache: Any
+    all_tokens: Optional[List[int]]
+
+
 class TextBatch:
     def __init__(self, lm, *, max_sequences: int, prefill_batch_size: int, prefill_step_size: int,
                  prompt_cache_bytes: int, prompt_cache_entries: int, stream):
@@ -54,13 +67,21 @@ class TextBatch:
             lm.model, completion_batch_size=max_sequences, prefill_batch_size=prefill_batch_size,
             prefill_step_size=prefill_step_size, stream=stream)
         self.cache = LRUPromptCache(max_size=prompt_cache_entries, max_bytes=prompt_cache_bytes)
+        self.prefill_step_size = prefill_step_size
         self._eos = StopSequences([(t,) for t in lm.tokenizer.eos_token_ids])
         self._no_stop = StopSequences([])
 
     def admit(self, prompt: List[int], max_tokens: int, sampling: SamplingParams, extra: List[Any],
-              ignore_eos: bool, on_error: Callable[[Exception], None]) -> Tuple[int, int]:
-        """Insert one request; (its uid, prompt tokens served from the cache). Raises on failure,
-        leaving the batch as it was."""
+              ignore_eos: bool, on_error: Callable[[Exception], None],
+              direct: bool = False) -> Tuple[int, int, Optional[First]]:
+        """Insert one request: (its uid, prompt tokens served from the cache, its first token
+        when it was computed here). Raises on failure, leaving the batch as it was.
+
+        With `direct` (nothing else runs) an uncached rest of at most one prefill chunk is
+        prefilled here and the first token sampled from its last logits: one forward pass to
+        the first token, where the batch generator takes a pass for the prompt, one for its
+        last token and waits on the next.
+        """
         cache, rest = self.cache.fetch_nearest_cache(self.lm.epoch, prompt)
         if cache is not None and not rest:
             # The whole prompt is cached: recompute its last token for the logits.
@@ -71,13 +92,39 @@ class TextBatch:
                 cache, rest = None, prompt
         cached = len(prompt) - len(rest)
         sampler = make_sampler(sampling, len(self.lm.tokenizer))
-        processors = make_processors(sampling, extra)
+        sampler = guarded(sampler, _argmax, on_error) if sampler else None
+        processors = [guarded(p, _unchanged, on_error) for p in make_processors(sampling, extra)]
+        first = None
+        if direct and len(rest) <= self.prefill_step_size:
+            cache = cache if cache is not None else make_prompt_cache(self.lm.model)
+            token, logprobs = self._prefill_and_sample(cache, rest, prompt, sampler, processors)
+            eos = token in self.lm.tokenizer.eos_token_ids and not ignore_eos
+            finish = "stop" if eos else "length" if max_tokens <= 1 else None
+            first = First(-1, token, logprobs, finish, cache, list(prompt))
+            if finish:  # done in one token: never enters the batch
+                return -1, cached, first
+            # The batch continues from the sampled token, as from a one-token prompt.
+            rest, cached_tokens, max_tokens = [token], list(prompt), max_tokens - 1
+        else:
+            cached_tokens = prompt[:cached]
         (uid,) = self.gen.insert(
-            [rest], max_tokens=[max_tokens], caches=[cache], all_tokens=[prompt[:cached]],
-            samplers=[guarded(sampler, _argmax, on_error) if sampler else None],
-            logits_processors=[[guarded(p, _unchanged, on_error) for p in processors]],
+            [rest], max_tokens=[max_tokens], caches=[cache], all_tokens=[cached_tokens],
+            samplers=[sampler], logits_processors=[processors],
             stop_sequences=[self._no_stop if ignore_eos else self._eos])
-        return uid, cached
+        if first is not None:
+            first.uid = uid
+        return uid, cached, first
+
+    def _prefill_and_sample(self, cache, rest: List[int], prompt: List[int], sampler, processors):
+        with mx.stream(self.gen.stream):
+            logits = self.lm.model(mx.array([rest]), cache=cache)[:, -1, :]
+            context = mx.array(prompt, dtype=mx.int32)
+            for p in processors:
+                logits = p(context, logits)
+            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            token = (sampler or _argmax)(logprobs)
+            mx.eval(token, logprobs, [c.state for c in cache])
+        return int(token.item()), logprobs[0]
 
     def step(self) -> list:
         """One decode step for every running request (and a prefill chunk for new ones)."""

@@ -221,3 +221,20 @@ def test_a_dead_engine_is_reported_and_fails_requests_fast(log_dir):
         assert "engine thread died" in log
     finally:
         gen.close()
+
+
+def test_first_token_alone_equals_the_batched_path(stub):
+    """Alone, a request's first token comes from a direct prefill; it must match the batch's."""
+    opts = backend_pb2.PredictOptions(Prompt=COUNT, Tokens=8, Logprobs=1, TopLogprobs=2)
+    alone = stub.Predict(opts, timeout=60)
+    one = stub.Predict(backend_pb2.PredictOptions(Prompt=COUNT, Tokens=1, Logprobs=1), timeout=60)
+    assert one.tokens == 1 and alone.message.startswith(one.message)
+    # Joining a running stream, the same request takes the batch generator's path for its first token.
+    box, _ = stream_during(stub, chat("Write a long essay about birds.", Tokens=60),
+                           lambda: stub.Predict(opts, timeout=60))
+    together = box["result"]
+    assert together.message == alone.message
+    first_alone = json.loads(alone.logprobs)["content"][0]
+    first_together = json.loads(together.logprobs)["content"][0]
+    assert first_alone["id"] == first_together["id"]
+    assert abs(first_alone["logprob"] - first_together["logprob"]) < 1e-3
