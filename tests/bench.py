@@ -1,20 +1,31 @@
 #!/usr/bin/env python3
-"""`make bench`: our server against raw mlx-lm, same model, same prompts, same run.
+"""`make bench`: our server against raw mlx-lm, like for like, in the same run.
 
-Raw mlx-lm runs first in a child process (so the two never share the 2 cores),
-then the real server is started and driven over gRPC. Prints a table of
-ratios and writes the figures as JSON (bench-results.json, or --out).
+  (a) single-stream decode tok/s            vs mlx_lm.stream_generate
+  (b) aggregate tok/s at 1/4/8 streams      vs mlx_lm.batch_generate (max_tokens 64)
+  (c) cold time to first token              vs raw prefill + first token
+  (d) warm TTFT (second request sharing a ~450-token prefix) vs our cold TTFT;
+      our cold TTFT vs raw on the same prompt
+  (e) Health p50/p99 while 8 streams decode (a run of its own, ours only)
+  (f) cancel -> slot free (Status READY), in raw decode steps
+  (g) longest pause of a decoding stream while a long prompt is prefilled,
+      vs one raw prefill chunk at the long prompt's depth + one raw decode step
 
-  (a) single-stream decode tok/s        vs mlx_lm.stream_generate
-  (b) aggregate tok/s at 1/4/8 streams  vs mlx_lm.batch_generate
-  (c) cold time to first token          vs raw prefill + first token
-  (d) warm TTFT (shared ~400-token prefix) vs cold
-  (e) Health p50/p99 while 8 streams decode
-  (f) time from cancel to the slot being free
-  (g) longest pause of a running stream while a long prompt is prefilled
+How it is like for like:
+- Raw mlx-lm lives in a persistent child process that loads the model as our
+  server does (the same converted GGUF, the same dtype choice, OpenBLAS) and is
+  driven by JSON lines on stdin/stdout. Each measure runs on both sides in
+  interleaved rounds (which side goes first alternates), one side at a time,
+  the other idle; the table gives the median ratio over rounds and its range.
+- Every prompt is a raw `Prompt` whose first token no earlier prompt had, so
+  our prefix cache never helps (except (d)'s warm request, on purpose). The
+  raw side gets exactly the token ids our server's TokenizeString returns.
+- Greedy on both sides; both stop at end-of-sequence; the server is loaded
+  with prefill_step_size N and raw mlx-lm prefills in chunks of the same N.
 """
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -26,34 +37,40 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(REPO, "backend"), REPO]
 
-from common.openblas import maybe_reexec_with_openblas  # noqa: E402
-
 DECODE_TOKENS = 64
-QUESTIONS = [
-    "Write a long essay about the history of France.",
-    "Explain how a steam engine works, in detail.",
-    "Describe the water cycle step by step.",
-    "Tell a long story about a dragon and a knight.",
-    "Explain the rules of chess to a beginner.",
-    "Describe a walk through a busy market.",
-    "Write a detailed recipe for bread.",
-    "Explain why the sky is blue, at length.",
+SETTLE_S = 0.5
+# Openings of documents to continue: greedy decoding rarely meets end-of-sequence in 64 tokens.
+TOPICS = [
+    "The history of France is long and eventful. It begins",
+    "A steam engine works by heating water in a boiler until",
+    "The water cycle has four stages. The first stage is",
+    "Once upon a time, a dragon lived in a cave above a village, and",
+    "Chess is played on a board of sixty-four squares. Each player",
+    "The market was busy that morning. Traders shouted",
+    "To bake bread, first mix the flour and the water. Then",
+    "The old lighthouse keeper climbed the stairs every evening. He",
 ]
-PREFIX = ("You are a meticulous assistant. Background notes follow. " +
-          " ".join(f"Note {i}: the archive entry {i} records a shipment of {i * 7} crates "
-                   f"of tea to port number {i % 13}." for i in range(1, 26)))
 
 
-def chat_tokens(tokenizer, question, system=None):
-    msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
-    return tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
+def notes(r: int, n: int, kind: str = "Note") -> str:
+    """Filler text, about 27 tokens a note, different in every round."""
+    return " ".join(f"{kind} {i}: the archive entry {i} records a shipment of {i * 7 + r} crates "
+                    f"of tea to port number {(i + r) % 13}." for i in range(1, n + 1))
 
 
-# ---- raw mlx-lm (child process) -------------------------------------------------
+# ---- raw mlx-lm: a persistent child process ---------------------------------------
 
 
-def raw_main() -> None:
+def raw_child(step: int) -> None:
+    from common.openblas import maybe_reexec_with_openblas
+
+    maybe_reexec_with_openblas()
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # stray prints from libraries must not break the protocol
+    import mlx.core as mx
     from mlx_lm import batch_generate, load, stream_generate
+    from mlx_lm.generate import generation_stream
+    from mlx_lm.models.cache import make_prompt_cache
 
     from gguf_loader import gguf_to_mlx_dir
     from model_loader import _cast, _choose_dtype, embedded_default
@@ -62,207 +79,370 @@ def raw_main() -> None:
     dtype = _choose_dtype("auto", model)
     if dtype:
         _cast(model, dtype)
-    out = {"dtype": dtype or "native"}
+    mx.clear_cache()
 
-    def stream(prompt, n):
-        times, toks = [], 0
-        start = time.perf_counter()
-        for r in stream_generate(model, tok, prompt, max_tokens=n):
-            times.append(time.perf_counter())
-            toks = r.generation_tokens
-        return start, times, toks
+    def decode(ids, max_tokens):
+        """stream_generate: (seconds since the call, tokens so far) at each token."""
+        t0, marks = time.perf_counter(), []
+        for r in stream_generate(model, tok, ids, max_tokens=max_tokens, prefill_step_size=step):
+            marks.append((time.perf_counter() - t0, r.generation_tokens))
+        return {"marks": marks}
 
-    stream(chat_tokens(tok, "warm up"), 8)
-    start, times, n = stream(chat_tokens(tok, QUESTIONS[0]), DECODE_TOKENS)
-    out["single_decode_tps"] = (len(times) - 1) / (times[-1] - times[0])
-    out["single_tokens"] = n
-    ttfts = []
+    def batch(prompts, max_tokens):
+        t0 = time.perf_counter()
+        resp = batch_generate(model, tok, prompts, max_tokens=max_tokens, return_token_ids=True,
+                              prefill_step_size=step, completion_batch_size=8, prefill_batch_size=8)
+        return {"wall": time.perf_counter() - t0, "tokens": sum(len(t) for t in resp.token_ids)}
+
+    def prefill(ids):
+        """generate_step's prefill (chunks of `step`) and first token, each chunk timed."""
+        t0, chunks = time.perf_counter(), []
+        with mx.stream(generation_stream):
+            cache, rest = make_prompt_cache(model), mx.array(ids)
+            while rest.size > 1:
+                n = min(step, rest.size - 1)
+                t = time.perf_counter()
+                model(rest[:n][None], cache=cache)
+                mx.eval([c.state for c in cache])
+                chunks.append((n, time.perf_counter() - t))
+                rest = rest[n:]
+                mx.clear_cache()
+            mx.eval(mx.argmax(model(rest[None], cache=cache)[:, -1, :], axis=-1))
+        return {"ttft": time.perf_counter() - t0, "chunks": chunks}
+
+    ops = {"decode": decode, "batch": batch, "prefill": prefill}
+    out.write(json.dumps({"dtype": dtype or "native"}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd.pop("op") == "quit":
+            break
+        out.write(json.dumps(ops[cmd.pop("fn")](**cmd)) + "\n")
+        out.flush()
+
+
+def start_raw(step: int, log) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--raw-child", "--prefill-step", str(step)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+
+
+def ask(proc: subprocess.Popen, fn: str, **args) -> dict:
+    proc.stdin.write(json.dumps({"op": "call", "fn": fn, **args}) + "\n")
+    proc.stdin.flush()
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError("the raw mlx-lm child exited (see the log)")
+    return json.loads(line)
+
+
+def rate(marks) -> float:
+    """Decode tok/s after the first token: (time, tokens so far) marks; a mark may carry several tokens."""
+    (t0, n0), (t1, n1) = marks[0], marks[-1]
+    return (n1 - n0) / (t1 - t0) if t1 > t0 else float("nan")  # nan: ended at once
+
+
+# ---- our server over gRPC ---------------------------------------------------------
+
+
+def prompt_maker(stub, pb):
+    """fresh(label, body) -> (text, ids): a prompt whose first token no earlier prompt had."""
+    seen = set()
+
+    def words():  # title-case vocabulary words, as a unique leading nonce
+        for tid in itertools.count(2000):
+            w = stub.Detokenize(pb.DetokenizeRequest(tokens=[tid]), timeout=10).content
+            if w.isascii() and w.isalpha() and w.istitle() and len(w) >= 4:
+                yield w
+
+    gen = words()
+
+    def fresh(label, body):
+        while True:
+            text = f"{next(gen)} ({label}): {body}"
+            ids = tokenize(stub, pb, text)
+            if ids[0] not in seen:
+                seen.add(ids[0])
+                return text, ids
+
+    return fresh
+
+
+def tokenize(stub, pb, text):
+    return list(stub.TokenizeString(pb.PredictOptions(Prompt=text), timeout=30).tokens)
+
+
+def ours_stream(stub, pb, text, n, **fields):
+    """(send time, [(time, tokens so far)] at each reply, last reply)."""
+    t0, marks, last = time.perf_counter(), [], None
+    for last in stub.PredictStream(pb.PredictOptions(Prompt=text, Tokens=n, **fields), timeout=600):
+        marks.append((time.perf_counter(), last.tokens))
+    return t0, marks, last
+
+
+def ours_streams(stub, pb, texts, n, poll_health=False):
+    """Concurrent streams: (wall seconds, tokens generated, sorted Health latencies in ms)."""
+    results = [None] * len(texts)
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, ours_stream(stub, pb, texts[i], n)))
+               for i in range(len(texts))]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    health = []
+    while poll_health and any(t.is_alive() for t in threads):
+        h0 = time.perf_counter()
+        stub.Health(pb.HealthMessage(), timeout=5)
+        health.append((time.perf_counter() - h0) * 1000)
+        time.sleep(0.02)
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start, sum(r[2].tokens for r in results), sorted(health)
+
+
+def ours_ttft(stub, pb, text):
+    """(client TTFT s, the engine's admit -> first token ms)."""
+    t0, marks, last = ours_stream(stub, pb, text, 1)
+    return marks[0][0] - t0, last.timing_prompt_processing
+
+
+def wait_idle(stub, pb):
+    while stub.Status(pb.HealthMessage(), timeout=5).state != pb.StatusResponse.READY:
+        time.sleep(0.002)
+
+
+def ours_cancel(stub, pb, text):
+    """ms from cancelling a decoding stream to Status READY."""
+    call = stub.PredictStream(pb.PredictOptions(Prompt=text, Tokens=1000, IgnoreEOS=True), timeout=600)
+    for i, _ in enumerate(call):
+        if i == 2:
+            break
+    t0 = time.perf_counter()
+    call.cancel()
+    wait_idle(stub, pb)
+    return (time.perf_counter() - t0) * 1000
+
+
+def ours_stall(stub, pb, victim, long_text):
+    """Longest gap (ms) between a decoding stream's replies while long_text is prefilled."""
+    import grpc
+
+    marks, started = [], threading.Event()
+    call = stub.PredictStream(pb.PredictOptions(Prompt=victim, Tokens=1000, IgnoreEOS=True), timeout=600)
+
+    def read():
+        try:
+            for _ in call:
+                marks.append(time.perf_counter())
+                if len(marks) == 5:
+                    started.set()
+        except grpc.RpcError:  # cancelled below
+            pass
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    started.wait(120)
+    t_send = time.perf_counter()
+    for _ in stub.PredictStream(pb.PredictOptions(Prompt=long_text, Tokens=1), timeout=600):
+        pass
+    t_done, seen = time.perf_counter(), len(marks)
+    while len(marks) < seen + 2 and reader.is_alive():  # the pause spanning the long prompt's exit
+        time.sleep(0.005)
+    call.cancel()
+    reader.join()
+    wait_idle(stub, pb)
+    return max(b - a for a, b in zip(marks, marks[1:]) if b > t_send and a < t_done) * 1000
+
+
+# ---- one round: each measure on both sides, one side at a time --------------------
+
+
+def settle():
+    """A pause between the two sides: BLAS worker threads spin a little after work."""
+    time.sleep(SETTLE_S)
+
+
+def paired(raw_first, ours_fn, raw_fn):
+    settle()
+    first = raw_fn() if raw_first else ours_fn()
+    settle()
+    second = ours_fn() if raw_first else raw_fn()
+    return (second, first) if raw_first else (first, second)
+
+
+def one_round(r, stub, pb, raw, fresh, step):
+    """{measure: (ours, reference)} and extra figures for the JSON."""
+    raw_first = r % 2 == 0
+    m, extra = {}, {}
+
+    text, ids = fresh(f"run {r} single", TOPICS[r % len(TOPICS)])
+    ours, ref = paired(raw_first, lambda: rate(ours_stream(stub, pb, text, DECODE_TOKENS)[1]),
+                       lambda: rate(ask(raw, "decode", ids=ids, max_tokens=DECODE_TOKENS)["marks"]))
+    m["a"] = (ours, ref)
+    step_ms = 1000.0 / ref  # one raw single-stream decode step
+
+    for n in (1, 4, 8):
+        prompts = [fresh(f"run {r} stream {i} of {n}", TOPICS[(r + i) % len(TOPICS)]) for i in range(n)]
+        (wall, toks, _), rb = paired(
+            raw_first, lambda: ours_streams(stub, pb, [t for t, _ in prompts], DECODE_TOKENS),
+            lambda: ask(raw, "batch", prompts=[i for _, i in prompts], max_tokens=DECODE_TOKENS))
+        m[f"b{n}"] = (toks / wall, rb["tokens"] / rb["wall"])
+        extra[f"b{n}_tokens"] = {"ours": toks, "raw": rb["tokens"]}
+
+    cold = []
     for i in range(3):
-        s, t, _ = stream(chat_tokens(tok, f"Question {i}: " + QUESTIONS[i + 1]), 1)
-        ttfts.append(t[0] - s)
-    out["cold_ttft_ms"] = statistics.median(ttfts) * 1000
-    for n_streams in (1, 4, 8):
-        prompts = [chat_tokens(tok, q) for q in QUESTIONS[:n_streams]]
-        start = time.perf_counter()
-        resp = batch_generate(model, tok, prompts, max_tokens=DECODE_TOKENS)
-        wall = time.perf_counter() - start
-        total = resp.stats.generation_tokens
-        out[f"batch{n_streams}_tps"] = total / wall
-        out[f"batch{n_streams}_decode_tps"] = resp.stats.generation_tps
-    print(json.dumps(out))
+        text, ids = fresh(f"run {r} cold {i}", TOPICS[(r + i) % len(TOPICS)])
+        (t, _), rc = paired(raw_first, lambda: ours_ttft(stub, pb, text), lambda: ask(raw, "prefill", ids=ids))
+        cold.append((t * 1000, rc["ttft"] * 1000))
+    m["c"] = tuple(statistics.median(x) for x in zip(*cold))
+
+    qa, qb = "Question: which port got the most crates?", "Question: how many notes mention port 5?"
+    cold_text, cold_ids = fresh(f"run {r} notes", notes(r, 16) + " " + qa)
+    warm_text = cold_text[: -len(qa)] + qb
+    (c_s, c_engine), rc = paired(raw_first, lambda: ours_ttft(stub, pb, cold_text),
+                                 lambda: ask(raw, "prefill", ids=cold_ids))
+    settle()
+    w_s, w_engine = ours_ttft(stub, pb, warm_text)
+    m["d_cold"] = (c_s * 1000, rc["ttft"] * 1000)
+    m["d_warm"] = (w_s * 1000, c_s * 1000)
+    m["d_warm_engine"] = (w_engine, None)
+    m["d_warm_outside"] = (w_s * 1000 - w_engine, None)
+    extra["d_prompt_tokens"] = len(cold_ids)
+    extra["d_cold_engine_ms"] = c_engine
+
+    settle()
+    m["f"] = (ours_cancel(stub, pb, fresh(f"run {r} cancel", TOPICS[r % len(TOPICS)])[0]), step_ms)
+
+    victim = fresh(f"run {r} victim", TOPICS[(r + 3) % len(TOPICS)])[0]
+    long_text, long_ids = fresh(f"run {r} long", "Summarise these notes. " + notes(r, 16) + " " +
+                                notes(r, 16, "Entry"))
+    pause, rg = paired(raw_first, lambda: ours_stall(stub, pb, victim, long_text),
+                       lambda: ask(raw, "prefill", ids=long_ids))
+    full = [s for n, s in rg["chunks"] if n == step] or [s for _, s in rg["chunks"]]
+    m["g"] = (pause, full[-1] * 1000 + step_ms)  # the deepest full chunk + one decode step
+    extra["g_prompt_tokens"] = len(long_ids)
+    extra["g_chunk_ms"] = full[-1] * 1000
+    return m, extra
 
 
-# ---- our server -------------------------------------------------------------------
+# ---- report -----------------------------------------------------------------------
+
+ROWS = [  # key, label, target
+    ("a", "(a) 1-stream decode tok/s vs stream_generate", ">= 0.97x"),
+    ("b1", "(b) aggregate tok/s, 1 stream vs batch_gen", ""),
+    ("b4", "(b) aggregate tok/s, 4 streams vs batch_gen", ""),
+    ("b8", "(b) aggregate tok/s, 8 streams vs batch_gen", ">= 0.97x"),
+    ("c", "(c) cold TTFT ms vs raw prefill+1st token", ""),
+    ("d_cold", "(d) cold TTFT ms, ~450-tok prompt vs raw", ""),
+    ("d_warm", "(d) warm TTFT ms vs our cold TTFT", "<= 0.10x"),
+    ("d_warm_engine", "(d)   warm: engine admit->first token ms", ""),
+    ("d_warm_outside", "(d)   warm: outside the engine ms", ""),
+    ("e_p50", "(e) Health p50 ms, 8 streams decoding", ""),
+    ("e_p99", "(e) Health p99 ms, 8 streams decoding", "p99 <= 10 ms"),
+    ("f", "(f) cancel -> slot free ms vs raw step", ""),
+    ("g", "(g) longest pause ms vs raw chunk+step", ""),
+]
 
 
-def ours(log_path: str) -> dict:
-    from common.launcher import Backend, backend_pb2
-
+def summarise(rounds):
     out = {}
-    with Backend(log_path=log_path) as b:
-        assert b.load("").success
-        stub = b.stub
-
-        def opts(q, n=DECODE_TOKENS, system=None):
-            msgs = ([backend_pb2.Message(role="system", content=system)] if system else []) + \
-                   [backend_pb2.Message(role="user", content=q)]
-            return backend_pb2.PredictOptions(Messages=msgs, UseTokenizerTemplate=True, Tokens=n)
-
-        def stream(o):
-            start = time.perf_counter()
-            times, last, first = [], None, None
-            for last in stub.PredictStream(o, timeout=600):
-                times.append(time.perf_counter())
-                first = first or last
-            return start, times, last, first
-
-        stream(opts("warm up", 8))
-        start, times, last, first = stream(opts(QUESTIONS[0]))
-        out["single_tokens"] = last.tokens
-        # A chunk may carry several tokens: rate over the tokens after the first chunk.
-        out["single_decode_tps"] = (last.tokens - first.tokens) / (times[-1] - times[0])
-
-        ttfts = []
-        for i in range(3):
-            s, t, *_ = stream(opts(f"Question {i}: " + QUESTIONS[i + 1], 1))
-            ttfts.append(t[0] - s)
-        out["cold_ttft_ms"] = statistics.median(ttfts) * 1000
-
-        def concurrent(n_streams, tag, poll_health=False):
-            results = [None] * n_streams
-            start = time.perf_counter()
-
-            def run(i):
-                results[i] = stream(opts(QUESTIONS[i] + tag))
-
-            threads = [threading.Thread(target=run, args=(i,)) for i in range(n_streams)]
-            for t in threads:
-                t.start()
-            health = []
-            while poll_health and any(t.is_alive() for t in threads):
-                h0 = time.perf_counter()
-                stub.Health(backend_pb2.HealthMessage(), timeout=5)
-                health.append((time.perf_counter() - h0) * 1000)
-                time.sleep(0.02)
-            for t in threads:
-                t.join()
-            wall = time.perf_counter() - start
-            return results, wall, sorted(health)
-
-        for n_streams in (1, 4, 8):
-            results, wall, _ = concurrent(n_streams, " " * n_streams)
-            out[f"batch{n_streams}_tps"] = sum(r[2].tokens for r in results) / wall
-            out[f"batch{n_streams}_slowest_first_token_s"] = max(r[1][0] - r[0] for r in results)
-
-        # Health polled from another client while 8 streams decode (a run of its own,
-        # so the polling does not weigh on the throughput figures above).
-        _, _, health = concurrent(8, " (health)", poll_health=True)
-        out["health_p50_ms"] = health[len(health) // 2]
-        out["health_p99_ms"] = health[min(len(health) - 1, int(len(health) * 0.99))]
-        out["health_samples"] = len(health)
-
-        cold_s, cold_t, *_ = stream(opts("Summarise note 3.", 1, system=PREFIX))
-        warm_s, warm_t, last, _ = stream(opts("Summarise note 17.", 1, system=PREFIX))
-        out["prefix_prompt_tokens"] = last.prompt_tokens
-        out["prefix_cold_ttft_ms"] = (cold_t[0] - cold_s) * 1000
-        out["prefix_warm_ttft_ms"] = (warm_t[0] - warm_s) * 1000
-
-        # (g) a long prompt arrives while a stream decodes: the stream's longest
-        # pause should be about one prefill chunk plus one decode step.
-        long_prompt = "Summarise these notes. " + PREFIX + " " + PREFIX.replace("Note", "Entry")
-        gaps, seen = [], threading.Event()
-
-        def victim():
-            last = None
-            for i, _ in enumerate(stub.PredictStream(opts(QUESTIONS[5] + " (stall)", 80), timeout=600)):
-                now = time.perf_counter()
-                if last is not None and seen.is_set():
-                    gaps.append(now - last)
-                last = now
-                if i == 4:
-                    seen.set()
-
-        v = threading.Thread(target=victim)
-        v.start()
-        seen.wait(120)
-        long_start, long_times, long_last, _ = stream(opts(long_prompt, 1))
-        v.join()
-        out["stall_prompt_tokens"] = long_last.prompt_tokens
-        out["stall_max_gap_ms"] = max(gaps) * 1000 if gaps else 0.0
-        # While the victim decodes, each engine step is one decode step plus one
-        # 128-token prefill chunk: the long prompt's TTFT over its chunk count.
-        chunks = -(-long_last.prompt_tokens // 128)
-        out["prefill_chunk_ms"] = (long_times[0] - long_start) * 1000 / chunks
-
-        frees = []
-        for i in range(3):
-            call = stub.PredictStream(opts(QUESTIONS[i] + " (again)", 200), timeout=600)
-            for j, _ in enumerate(call):
-                if j == 2:
-                    break
-            t0 = time.perf_counter()
-            call.cancel()
-            while stub.Status(backend_pb2.HealthMessage(), timeout=5).state != backend_pb2.StatusResponse.READY:
-                time.sleep(0.002)
-            frees.append((time.perf_counter() - t0) * 1000)
-        out["cancel_to_free_ms"] = statistics.median(frees)
-        m = stub.GetMetrics(backend_pb2.MetricsRequest(), timeout=5)
-        out["decode_step_ms"] = 1000.0 / out["single_decode_tps"] if out["single_decode_tps"] else 0
-        out["metrics_tokens_generated"] = m.tokens_generated
+    for key in rounds[0]:
+        pairs = [rd[key] for rd in rounds if rd[key][0] == rd[key][0] and rd[key][1] == rd[key][1]]
+        ours, refs = [o for o, _ in pairs], [ref for _, ref in pairs]  # without nan (a stream that ended at once)
+        if not ours:
+            continue
+        s = {"ours": ours, "reference": refs, "ours_median": statistics.median(ours)}
+        if refs[0] is not None:
+            ratios = [o / ref for o, ref in zip(ours, refs)]
+            s.update(reference_median=statistics.median(refs), ratios=ratios,
+                     ratio_median=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
+        out[key] = s
     return out
 
 
-def table(raw: dict, us: dict) -> str:
-    rows = [
-        ("(a) single-stream decode tok/s", us["single_decode_tps"], raw["single_decode_tps"],
-         us["single_decode_tps"] / raw["single_decode_tps"], ">= 0.97x raw"),
-    ]
-    for n in (1, 4, 8):
-        rows.append((f"(b) aggregate tok/s, {n} streams", us[f"batch{n}_tps"], raw[f"batch{n}_tps"],
-                     us[f"batch{n}_tps"] / raw[f"batch{n}_tps"], ">= 0.95x raw at 8" if n == 8 else ""))
-    rows += [
-        ("(b) 8 streams vs our single stream", us["batch8_tps"], us["single_decode_tps"],
-         us["batch8_tps"] / us["single_decode_tps"], ">= 4x"),
-        ("(b) slowest first token of 8 (s)", us["batch8_slowest_first_token_s"], None, None, "<= 2 s"),
-        ("(c) cold TTFT ms", us["cold_ttft_ms"], raw["cold_ttft_ms"],
-         us["cold_ttft_ms"] - raw["cold_ttft_ms"], "<= raw + 15 ms (diff)"),
-        ("(d) warm TTFT ms (shared prefix)", us["prefix_warm_ttft_ms"], us["prefix_cold_ttft_ms"],
-         us["prefix_warm_ttft_ms"] / us["prefix_cold_ttft_ms"], "<= 0.1x cold"),
-        ("(e) Health p50 ms, 8 streams", us["health_p50_ms"], None, None, ""),
-        ("(e) Health p99 ms, 8 streams", us["health_p99_ms"], None, None, "<= 20 ms"),
-        ("(f) cancel -> slot free ms", us["cancel_to_free_ms"], us["decode_step_ms"],
-         us["cancel_to_free_ms"] / us["decode_step_ms"], "<= 1 decode step"),
-        ("(g) longest stream pause, long prefill ms", us["stall_max_gap_ms"], us["prefill_chunk_ms"],
-         us["stall_max_gap_ms"] / us["prefill_chunk_ms"], "~1 (chunk + step)"),
-    ]
-    lines = [f"{'measure':40} {'ours':>10} {'reference':>10} {'ratio':>8}  target",
-             "-" * 88]
-    for name, a, b, r, target in rows:
-        fb = f"{b:10.1f}" if b is not None else f"{'':>10}"
-        fr = f"{r:8.2f}" if r is not None else f"{'':>8}"
-        lines.append(f"{name:40} {a:10.1f} {fb} {fr}  {target}")
+def table(summary) -> str:
+    lines = [f"{'measure':46} {'ours':>9} {'reference':>9}  {'ratio median [min..max]':24} target", "-" * 100]
+    for key, label, target in ROWS:
+        s = summary.get(key)
+        if s is None:
+            lines.append(f"{label:46} {'n/a':>9}")
+            continue
+        ref = f"{s['reference_median']:9.1f}" if "ratio_median" in s else " " * 9
+        ratio = (f"{s['ratio_median']:.2f}x [{s['ratio_min']:.2f}..{s['ratio_max']:.2f}]"
+                 if "ratio_median" in s else "")
+        lines.append(f"{label:46} {s['ours_median']:9.1f} {ref}  {ratio:24} {target}")
     return "\n".join(lines)
 
 
 def main() -> None:
-    maybe_reexec_with_openblas()
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--raw", action="store_true", help=argparse.SUPPRESS)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5: about 7-11 min here)")
+    parser.add_argument("--prefill-step", type=int, default=128,
+                        help="prefill chunk in tokens, for our server and raw mlx-lm alike (default 128)")
     parser.add_argument("--out", default=os.path.join(REPO, "bench-results.json"))
     parser.add_argument("--log", default=os.path.join(REPO, "bench-server.log"))
+    parser.add_argument("--raw-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.raw:
-        raw_main()
+    if args.raw_child:
+        raw_child(args.prefill_step)
         return
-    print("measuring raw mlx-lm ...", file=sys.stderr)
-    proc = subprocess.run([sys.executable, __file__, "--raw"], capture_output=True, text=True, check=True)
-    raw = json.loads(proc.stdout.strip().splitlines()[-1])
-    print("measuring our server ...", file=sys.stderr)
-    us = ours(args.log)
-    print(table(raw, us))
+
+    from common.launcher import Backend, backend_pb2 as pb
+
+    began = time.monotonic()
+    log = open(args.log, "ab")
+    raw = start_raw(args.prefill_step, log)  # loads while the server starts
+    try:
+        with Backend(log_path=args.log) as b:
+            stub = b.stub
+            loaded = b.load("", Options=[f"prefill_step_size:{args.prefill_step}"])
+            assert loaded.success, loaded.message
+            hello = raw.stdout.readline()
+            if not hello:
+                raise RuntimeError("the raw mlx-lm child failed to load the model (see the log)")
+            raw_dtype = json.loads(hello)["dtype"]
+            print(f"ours: {loaded.message}; raw mlx-lm: dtype {raw_dtype}", file=sys.stderr)
+            fresh = prompt_maker(stub, pb)
+
+            # Warm-up on both sides (first calls allocate and build kernels).
+            text, ids = fresh("warm-up", TOPICS[0])
+            ours_stream(stub, pb, text, 16)
+            ask(raw, "decode", ids=ids, max_tokens=16)
+            prompts = [fresh(f"warm-up {i}", q) for i, q in enumerate(TOPICS)]
+            ours_streams(stub, pb, [t for t, _ in prompts], 8)
+            ask(raw, "batch", prompts=[i for _, i in prompts], max_tokens=8)
+            text, ids = fresh("warm-up long", notes(0, 20))
+            ours_ttft(stub, pb, text)
+            ask(raw, "prefill", ids=ids)
+
+            rounds, extras = [], []
+            for r in range(args.rounds):
+                t0 = time.monotonic()
+                m, extra = one_round(r, stub, pb, raw, fresh, args.prefill_step)
+                print(f"round {r + 1}/{args.rounds} ({'raw' if r % 2 == 0 else 'ours'} first): "
+                      f"{time.monotonic() - t0:.0f} s", file=sys.stderr)
+                rounds.append(m)
+                extras.append(extra)
+
+            # (e) Health from another client while 8 streams decode, a run of its own.
+            texts = [fresh(f"health {i}", q)[0] for i, q in enumerate(TOPICS)]
+            _, _, health = ours_streams(stub, pb, texts, 2 * DECODE_TOKENS, poll_health=True)
+    finally:
+        if raw.poll() is None:
+            raw.stdin.write(json.dumps({"op": "quit"}) + "\n")
+            raw.stdin.close()
+            raw.wait(30)
+        log.close()
+
+    summary = summarise(rounds)
+    summary["e_p50"] = {"ours_median": health[len(health) // 2]}
+    summary["e_p99"] = {"ours_median": health[min(len(health) - 1, int(len(health) * 0.99))]}
+    print(table(summary))
+    took = time.monotonic() - began
+    print(f"\n{args.rounds} rounds, prefill chunk {args.prefill_step}, {len(health)} Health samples, "
+          f"{took / 60:.1f} min; figures written to {args.out}", file=sys.stderr)
     with open(args.out, "w") as f:
-        json.dump({"raw_mlx_lm": raw, "ours": us, "decode_tokens": DECODE_TOKENS}, f, indent=2)
-    print(f"\nfigures written to {args.out}", file=sys.stderr)
+        json.dump({"rounds": args.rounds, "prefill_step_size": args.prefill_step, "decode_tokens": DECODE_TOKENS,
+                   "dtype": {"ours": loaded.message, "raw": raw_dtype}, "summary": summary,
+                   "per_round_extra": extras, "health_ms": health, "seconds": took}, f, indent=2)
 
 
 if __name__ == "__main__":
