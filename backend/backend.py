@@ -71,7 +71,11 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         try:
             lm = self._loaded()
             self._check_identity(lm, request.ModelIdentity)
-            return await asyncio.get_running_loop().run_in_executor(self.prep, prepare.build_request, lm, request)
+            self.engine.preparing += 1  # the engine may wait for it to prefill a burst together
+            try:
+                return await asyncio.get_running_loop().run_in_executor(self.prep, prepare.build_request, lm, request)
+            finally:
+                self.engine.preparing -= 1
         except OptionError as e:
             await self._fail(context, "INVALID_ARGUMENT", str(e))
         except EngineError as e:

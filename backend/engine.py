@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Deque, Dict, List, Optional
+from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional
 
 from common.mlx_utils import Delta, OutputRouter, TextPipeline
 from sampling import RequestFailure, SamplingParams
@@ -108,6 +108,9 @@ def _deliver(batch) -> None:
         sink.queue.put_nowait(event)
 
 
+COALESCE_S = 0.02  # the longest a lone request waits for a burst it belongs to
+
+
 class _InjectedDeath(BaseException):
     """Kills the engine thread: tests of a dead engine only."""
 
@@ -137,6 +140,7 @@ class _Slot:
     uid: int = -1  # in the batch generator, once admitted
     cached: int = 0
     tokens: int = 0
+    t_arrived: float = 0.0
     t_admit: float = 0.0
     t_first: float = 0.0
     logprobs: List[dict] = field(default_factory=list)
@@ -161,6 +165,7 @@ class Engine:
         self.memory: Dict[str, int] = {}
         self.metrics = {"tokens_generated": 0, "prompt_tokens_processed": 0, "tokens_per_second": 0.0}
         self.dead: Optional[str] = None  # why the engine thread ended, once it has
+        self.preparing = 0  # requests the servicer is preparing: about to arrive
         self._lock = threading.Lock()  # orders submissions against the engine's death
         self._inbox: "queue.SimpleQueue" = queue.SimpleQueue()
         self._ids = itertools.count(1)
@@ -169,6 +174,7 @@ class Engine:
         self._outbox: List[tuple] = []  # (sink, event) to hand over at the end of the step
         self._text = None  # text_batch.TextBatch of the current model, built on first use
         self._stopping = False
+        self.on_close: Optional[Callable[[str], None]] = None  # told, from the engine thread, why it ended
         self._thread = threading.Thread(target=self._run, name="mlx-engine", daemon=True)
         self._thread.start()
 
@@ -218,12 +224,12 @@ class Engine:
         except EngineError:
             pass  # a dead engine holds no request
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
         try:
             self._put(Stop())
         except EngineError:
             return
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=timeout)
 
     # ---- engine thread: the loop ------------------------------------------
 
@@ -242,9 +248,10 @@ class Engine:
                     if idle or now - last_mem > 0.5:  # fresh figures for Status, cheap
                         self._update_memory()
                         last_mem = now
-                    self._drain_inbox(block=idle)
+                    self._drain_inbox(None if idle else self._hold())
                     self._flush()
-                    self._admit()
+                    if not self._hold():
+                        self._admit()
                     if self._slots:
                         self._step()
                 except Exception:  # a bug in the batch as a whole: fail what runs, keep serving
@@ -275,6 +282,11 @@ class Engine:
             elif isinstance(command, Swap):
                 command.done.set_exception(error)
         self._flush()
+        if self.on_close is not None:
+            try:
+                self.on_close(cause)
+            except Exception:
+                log.exception("on_close failed")
 
     def _flush(self) -> None:
         """Hand this step's events to their loops: one wake-up per loop, not one per token."""
@@ -290,9 +302,21 @@ class Engine:
             except RuntimeError:  # the loop is gone (shutdown): nobody listens
                 pass
 
-    def _drain_inbox(self, block: bool) -> None:
+    def _hold(self) -> float:
+        """How long a lone request waits for others being prepared, to be prefilled with them.
+
+        Requests of a burst reach the engine a few milliseconds apart; admitted one
+        by one, the first would be prefilled alone and the rest in a second pass
+        that stalls it. Nothing waits when the batch is running or nothing is coming.
+        """
+        if self._slots or not self._waiting or self.preparing <= 0:
+            return 0.0
+        return max(0.0, self._waiting[0].t_arrived + COALESCE_S - time.perf_counter())
+
+    def _drain_inbox(self, timeout: Optional[float]) -> None:
+        """Handle every command in the inbox, first waiting up to `timeout` (None: forever) for one."""
         try:
-            command = self._inbox.get() if block else self._inbox.get_nowait()
+            command = self._inbox.get(timeout=timeout) if timeout != 0 else self._inbox.get_nowait()
         except queue.Empty:
             return
         while True:
@@ -371,7 +395,8 @@ class Engine:
                 "ABORTED", "the model was reloaded while the request was prepared"))))
         else:
             pipeline = TextPipeline(lm.detokenizer(), request.stops, request.router)
-            self._waiting.append(_Slot(request=request, sink=sink, pipeline=pipeline))
+            self._waiting.append(_Slot(request=request, sink=sink, pipeline=pipeline,
+                                       t_arrived=time.perf_counter()))
 
     def _admit(self) -> None:
         while self._waiting and len(self._slots) < self.config.max_sequences:
