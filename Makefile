@@ -3,7 +3,7 @@ PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 ADDR ?= 127.0.0.1:50051
 
-.PHONY: install install-test protogen serve demo smoke unit e2e test bench soak clean
+.PHONY: install install-test protogen serve demo smoke unit e2e test bench soak localai-backend clean
 
 install:
 	./install.sh
@@ -38,6 +38,11 @@ bench: install-test
 
 soak: install-test
 	SOAK_REQUESTS=300 $(PYTEST) -q -s tests/test_soak.py
+
+NAME ?= mlx
+localai-backend: install
+	@test -n "$(DEST)" || { echo "usage: make localai-backend DEST=<LocalAI backends folder> [NAME=mlx] [ALIAS=...]" >&2; exit 2; }
+	$(PY) backend/localai_backend.py "$(DEST)" --name "$(NAME)" $(if $(ALIAS),--alias "$(ALIAS)")
 
 clean:
 	rm -rf .venv backend/backend_pb2.py backend/backend_pb2_grpc.py .pytest_cache .hypothesis

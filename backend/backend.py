@@ -24,6 +24,8 @@ if __name__ == "__main__":
     maybe_reexec_with_openblas()
 
 import grpc  # noqa: E402
+from grpc_health.v1 import health as grpc_health, health_pb2, health_pb2_grpc  # noqa: E402
+from grpc_reflection.v1alpha import reflection  # noqa: E402
 
 import backend_pb2  # noqa: E402
 import backend_pb2_grpc  # noqa: E402
@@ -37,6 +39,8 @@ from engine import Engine, EngineConfig, EngineError  # noqa: E402
 log = logging.getLogger("mlx-backend")
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+SHUTDOWN_GRACE_S = 8.0  # running streams get this long to finish at shutdown
+ENGINE_STOP_S = 3.0  # then the engine this long to end its step (a prefill chunk is ~1.5 s on a CPU)
 
 
 class BackendServicer(backend_pb2_grpc.BackendServicer):
@@ -271,17 +275,46 @@ def model_metadata(lm) -> "backend_pb2.ModelMetadataResponse":
     return out
 
 
+BACKEND_SERVICE = backend_pb2.DESCRIPTOR.services_by_name["Backend"].full_name
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+
+
+async def standard_services(server, engine: Engine, loop) -> "grpc_health.aio.HealthServicer":
+    """grpc.health.v1 (SERVING while the engine lives, for "" and backend.Backend) and reflection."""
+    health = grpc_health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection((BACKEND_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), server)
+
+    async def set_all(status) -> None:
+        for name in ("", BACKEND_SERVICE):
+            await health.set(name, status)
+
+    def engine_closed(cause: str) -> None:  # engine thread: hand over to the loop
+        try:
+            loop.call_soon_threadsafe(
+                lambda: loop.create_task(set_all(health_pb2.HealthCheckResponse.NOT_SERVING)))
+        except RuntimeError:  # the loop is gone: the process is exiting anyway
+            pass
+
+    engine.on_close = engine_closed
+    await set_all(health_pb2.HealthCheckResponse.SERVING if engine.alive
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+    return health
+
+
 async def serve(addr: str) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     # Watch the parent first, so a host that dies while we start up is noticed.
-    grace = parent_watch.duration_from_env("MLX_BACKEND_SHUTDOWN_GRACE", 10.0, allow_zero=True)
+    # The host sends SIGTERM, then SIGKILL 15 s later: the grace plus the engine's
+    # stop (ENGINE_STOP_S) end well before that.
+    grace = parent_watch.duration_from_env("MLX_BACKEND_SHUTDOWN_GRACE", SHUTDOWN_GRACE_S, allow_zero=True)
     watch_on, interval = parent_watch.settings_from_env()
     watcher = None
     if watch_on:
-        # The graceful path gets its grace plus 5 s for the engine to stop.
+        # The graceful path gets its grace, the engine its stop time, and 2 s to spare.
         watcher = parent_watch.start_parent_watch(
-            lambda: loop.call_soon_threadsafe(stop.set), interval, force_exit_after=grace + 5.0)
+            lambda: loop.call_soon_threadsafe(stop.set), interval, force_exit_after=grace + ENGINE_STOP_S + 2.0)
 
     engine = Engine()
     interceptors = auth.server_interceptors()
@@ -290,6 +323,7 @@ async def serve(addr: str) -> None:
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ])
     backend_pb2_grpc.add_BackendServicer_to_server(BackendServicer(engine), server)
+    health = await standard_services(server, engine, loop)
     if server.add_insecure_port(addr) == 0:
         raise SystemExit(f"cannot listen on {addr}")
 
@@ -310,10 +344,11 @@ async def serve(addr: str) -> None:
     # server.stop refuses new RPCs at once, lets in-flight ones run up to `grace`,
     # then cancels them; their engine requests leave the batch as they unwind.
     log.info("shutting down: in-flight requests get up to %gs", grace)
+    await health.enter_graceful_shutdown()
     await server.stop(grace)
     # Fails whatever is left with CANCELLED and joins the engine thread; off the
     # loop so the engine's last events can still be delivered meanwhile.
-    await asyncio.to_thread(engine.stop)
+    await asyncio.to_thread(engine.stop, ENGINE_STOP_S)
     log.info("stopped")
 
 

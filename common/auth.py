@@ -15,6 +15,10 @@ import grpc
 log = logging.getLogger("mlx-backend.auth")
 
 ENV_TOKEN = "LOCALAI_GRPC_AUTH_TOKEN"
+# Probes (kubelet's gRPC probe, grpc_health_probe without -rpc-header) cannot
+# always send the token: this lets the standard health service answer them.
+ENV_HEALTH_OPEN = "MLX_BACKEND_HEALTH_OPEN"
+HEALTH_METHODS = "/grpc.health.v1.Health/"
 
 
 def token_from_env(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
@@ -69,15 +73,19 @@ def _rejecting_handler(handler: Optional[grpc.RpcMethodHandler], message: str) -
 
 
 class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses every RPC (Health included) that lacks `authorization: Bearer <token>`."""
+    """Refuses every RPC (Health included) that lacks `authorization: Bearer <token>`,
+    but those whose method name starts with one of `open_prefixes`."""
 
-    def __init__(self, token: str):
+    def __init__(self, token: str, open_prefixes=()):
         if not token:
             raise ValueError("an empty token would let every caller in")
         self._token = token
+        self._open = tuple(open_prefixes)
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
+        if self._open and handler_call_details.method.startswith(self._open):
+            return handler
         header = authorization_header(handler_call_details.invocation_metadata)
         reason = check_authorization(header, self._token)
         if reason is None:
@@ -88,5 +96,7 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
 
 def server_interceptors(env: Optional[Mapping[str, str]] = None) -> List[grpc.aio.ServerInterceptor]:
     """The interceptors to install: one when a token is configured, none otherwise."""
+    env = os.environ if env is None else env
     token = token_from_env(env)
-    return [BearerTokenInterceptor(token)] if token else []
+    health_open = env.get(ENV_HEALTH_OPEN, "").strip().lower() in ("1", "true", "yes", "on")
+    return [BearerTokenInterceptor(token, (HEALTH_METHODS,) if health_open else ())] if token else []

@@ -28,7 +28,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+              grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
     """Sends `authorization: Bearer <token>` as the host does when auth is on."""
 
     def __init__(self, token: str):
@@ -42,6 +43,12 @@ class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientIntercepto
 
     def intercept_unary_stream(self, continuation, details, request):
         return continuation(self._with_header(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):
+        return continuation(self._with_header(details), requests)
+
+    def intercept_stream_stream(self, continuation, details, requests):
+        return continuation(self._with_header(details), requests)
 
 
 class Backend:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.launcher import backend_pb2, chat
 from conftest import serving
@@ -198,6 +199,18 @@ def test_free_before_load_frees_the_old_model_first(faulty):
 # ---- a dead engine ------------------------------------------------------------------
 
 
+def standard_health(channel):
+    """grpc.health.v1's status for the whole server, once it stops changing (it is set from the loop)."""
+    stub = health_pb2_grpc.HealthStub(channel)
+    status = None
+    for _ in range(50):
+        status = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
+        if status == health_pb2.HealthCheckResponse.NOT_SERVING:
+            break
+        time.sleep(0.1)
+    return status
+
+
 def test_a_dead_engine_is_reported_and_fails_requests_fast(log_dir):
     gen = serving(log_dir / "hardening-dead.log", env={"MLX_BACKEND_FAULT_INJECTION": "1"})
     backend = next(gen)
@@ -213,6 +226,7 @@ def test_a_dead_engine_is_reported_and_fails_requests_fast(log_dir):
             stub.Health(backend_pb2.HealthMessage(), timeout=5)
         assert err.value.code() == UNAVAILABLE
         assert stub.Status(backend_pb2.HealthMessage(), timeout=5).state == backend_pb2.StatusResponse.ERROR
+        assert standard_health(backend.channel) == health_pb2.HealthCheckResponse.NOT_SERVING
         for call in (stub.Predict, lambda o, timeout: list(stub.PredictStream(o, timeout=timeout))):
             with pytest.raises(grpc.RpcError) as err:
                 call(chat("Hello", Tokens=4), timeout=10)
