@@ -207,8 +207,10 @@ def build_request(lm, opts) -> Request:
         extra.append(grammar.compile_processor(lm, *source, fault_at=grammar_fault))
     tools = parse_tools(opts.Tools)
     text, tokens = prompt(lm, opts, tools)
+    if not text:  # TokenizeString takes the empty prompt; generating from nothing is refused
+        raise OptionError("Prompt: empty (send a Prompt or Messages)")
     if not tokens:
-        raise OptionError("Prompt: empty (send a Prompt or Messages)" if not text else "Prompt: it tokenizes to nothing")
+        raise OptionError("Prompt: it tokenizes to nothing")
     room = lm.context_size - len(tokens)
     if room <= 0:
         raise EngineError(
