@@ -512,9 +512,9 @@ class Engine:
         self._reset_batch()
 
     def _fail_all(self, error: EngineError) -> None:
-        for slot in list(self._slots.values()) + list(self._waiting):
+        for slot in list(self._waiting):
             self._end(slot, Event(error=error))
-        self._reset_batch()
+        self._fail_running(error)
 
     def _reset_batch(self) -> None:
         self._slots.clear()

@@ -2,7 +2,9 @@
 
 import os
 import sys
+import threading
 
+import grpc
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,6 +28,24 @@ def serving(log_path, model="", env=None, **load_fields):
         yield backend
     finally:
         backend.stop()
+
+
+def run_threads(fns):
+    """Call each function on its own thread; their results, or the RpcError each raised."""
+    results = [None] * len(fns)
+
+    def run(i):
+        try:
+            results[i] = fns[i]()
+        except grpc.RpcError as e:
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
 
 
 @pytest.fixture(scope="session")

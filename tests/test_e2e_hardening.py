@@ -14,7 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.launcher import backend_pb2, chat
-from conftest import serving
+from conftest import run_threads, serving
 
 pytestmark = pytest.mark.e2e
 
@@ -26,23 +26,6 @@ def faulty_opts(opts, **metadata):
     for k, v in metadata.items():
         opts.Metadata[k] = v
     return opts
-
-
-def run_threads(fns):
-    results = [None] * len(fns)
-
-    def run(i):
-        try:
-            results[i] = fns[i]()
-        except grpc.RpcError as e:
-            results[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
 
 
 def text_of(stub, opts):

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from common.launcher import backend_pb2, chat
-from conftest import serving
+from conftest import run_threads, serving
 
 pytestmark = pytest.mark.e2e
 
@@ -223,23 +223,6 @@ def test_fuzzed_predict_options(server, opts, stream):
 def faulty(log_dir):
     """A server with fault injection switched on (Metadata fault_at_token)."""
     yield from serving(log_dir / "faulty.log", env={"MLX_BACKEND_FAULT_INJECTION": "1"})
-
-
-def run_threads(fns):
-    results = [None] * len(fns)
-
-    def run(i):
-        try:
-            results[i] = fns[i]()
-        except grpc.RpcError as e:
-            results[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
 
 
 def test_a_failing_request_fails_alone(faulty):
