@@ -15,6 +15,8 @@ import backend_pb2
 from common.launcher import chat
 from conftest import run_threads, serving
 
+pytestmark = pytest.mark.e2e
+
 PROMPTS = [
     "What is the capital of France?",
     "Name three primary colors.",

@@ -15,6 +15,8 @@ import pytest
 import backend_pb2
 from conftest import serving
 
+pytestmark = pytest.mark.e2e
+
 PROMPTS = ["Once upon a time", "The capital of France is"]
 RANK = 4
 # Adapted linears; lora_a is (in, r), lora_b is (r, out), as mlx-lm's LoRALinear stores them.
