@@ -206,7 +206,7 @@ def _adapt(model, spec: LoadSpec) -> Dict[str, Any]:
         kind = spec.kv.describe() if spec.kv else "float"
         raise ModelLoadError(f"the {kind} KV cache does not work with this model: {type(e).__name__}: {e}") from None
     return dict(adapters=used, kv=spec.kv, kv_bytes_per_token=per_token,
-                kv_bytes_per_token_float=kv_cache.bytes_per_token(model, plain=True))
+                kv_bytes_per_token_float=kv_cache.bytes_per_token(model, plain=True) if spec.kv else per_token)
 
 
 def describe_adaptation(lm: LoadedModel) -> str:
