@@ -12,7 +12,6 @@ through the batch to its prefix-cache entry.
 Loader thread (install, probe) and engine thread (everything the batch does).
 """
 
-import logging
 from typing import Any, List, Optional
 
 import mlx.core as mx
@@ -21,8 +20,6 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, QuantizedKVCache, make_pr
 from mlx_vlm.models.cache import BatchQuantizedKVCache
 
 from adapt_options import KVSpec
-
-log = logging.getLogger("mlx-backend.kv")
 
 
 class _FloatPrefill:
@@ -110,25 +107,24 @@ class QuantizedBatch(_FloatPrefill, BatchQuantizedKVCache):
         return sum(a.nbytes for a in (*self.keys, *self.values))
 
 
-class CastRow(KVCache):
-    """One request's cache stored as `dtype`; attention still sees the model's dtype."""
+class _Cast:
+    """Stored as `dtype`; attention still sees the model's dtype."""
 
     dtype = mx.float16
 
     def update_and_fetch(self, keys, values):
         k, v = super().update_and_fetch(keys.astype(self.dtype), values.astype(self.dtype))
         return k.astype(keys.dtype), v.astype(values.dtype)
+
+
+class CastRow(_Cast, KVCache):
+    """One request's cache that merges into the CastBatch of its dtype."""
 
     def merge(self, caches):
         return _batch_class(self.dtype).merge(caches)
 
 
-class CastBatch(BatchKVCache):
-    dtype = mx.float16
-
-    def update_and_fetch(self, keys, values):
-        k, v = super().update_and_fetch(keys.astype(self.dtype), values.astype(self.dtype))
-        return k.astype(keys.dtype), v.astype(values.dtype)
+class CastBatch(_Cast, BatchKVCache):
 
     @classmethod
     def merge(cls, caches):

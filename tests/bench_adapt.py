@@ -80,7 +80,7 @@ class _Tok:
 
 
 def ours_decode(stub, pb, text, n):
-    marks, ids = [], []
+    marks = []
     for reply in stub.PredictStream(pb.PredictOptions(Prompt=text, Tokens=n, IgnoreEOS=True), timeout=600):
         marks.append((time.perf_counter(), reply.tokens))
     (t0, k0), (t1, k1) = marks[0], marks[-1]
