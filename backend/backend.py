@@ -32,6 +32,7 @@ import backend_pb2_grpc  # noqa: E402
 from common import auth, parent_watch  # noqa: E402
 from common.mlx_utils import Delta, ToolCall  # noqa: E402
 from common.python_utils import OptionError, option_bool, option_int, parse_options  # noqa: E402
+import adapt_options  # noqa: E402
 import model_loader  # noqa: E402
 import prepare  # noqa: E402
 from engine import Engine, EngineConfig, EngineError  # noqa: E402
@@ -121,7 +122,10 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
                 options=options,
                 context_size=request.ContextSize or option_int(options, "context_size", 0, minimum=1),
                 dtype=(request.DType or str(options.get("dtype", "auto"))).lower(),
-                trust_remote_code=request.TrustRemoteCode or option_bool(options, "trust_remote_code", False))
+                trust_remote_code=request.TrustRemoteCode or option_bool(options, "trust_remote_code", False),
+                adapters=adapt_options.lora_requests(
+                    request.LoraAdapter, request.LoraScale, request.LoraAdapters, request.LoraScales),
+                kv=adapt_options.kv_spec(request.CacheTypeKey, request.CacheTypeValue, options))
             option_bool(options, "enable_thinking", True)  # checked now, used per request
             free_first = option_bool(options, "free_before_load", False)
             config = self._engine_config(options)

@@ -532,6 +532,9 @@ class Engine:
             "cache": mx.get_cache_memory(),
             "peak": mx.get_peak_memory(),
             "prompt_cache": self._text.cache_bytes if self._text is not None else 0,
+            # What one cached token costs (kv_cache: quantized or float16 when asked for).
+            "kv_bytes_per_token": getattr(self.model, "kv_bytes_per_token", 0),
+            "kv_bytes_per_token_float": getattr(self.model, "kv_bytes_per_token_float", 0),
         }
 
     def _swap(self, model, config: Optional[EngineConfig]) -> None:

@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 log = logging.getLogger("mlx-backend.loader")
 
@@ -45,6 +45,8 @@ class LoadSpec:
     context_size: int = 0
     dtype: str = "auto"
     trust_remote_code: bool = False
+    adapters: List[Tuple[str, float]] = field(default_factory=list)  # LoRA (directory, scale)
+    kv: Any = None  # adapt_options.KVSpec, None: the model's own float cache
 
 
 @dataclass
@@ -63,6 +65,10 @@ class LoadedModel:
     # Things built from this model on demand (the grammar tokenizer), kept
     # with it so that a later model can never get them.
     derived: Dict[str, Any] = field(default_factory=dict)
+    adapters: List[str] = field(default_factory=list)  # LoRA directories applied
+    kv: Any = None  # adapt_options.KVSpec of its KV cache
+    kv_bytes_per_token: int = 0  # measured at load, for Status
+    kv_bytes_per_token_float: int = 0  # the same with the model's own float cache
 
     def detokenizer(self):
         """A fresh streaming detokenizer that keeps every character.
@@ -184,16 +190,46 @@ def _cast(model, dtype: str) -> None:
     mx.eval(model.parameters())
 
 
+def _adapt(model, spec: LoadSpec) -> Dict[str, Any]:
+    """LoRA adapters and the KV cache's form: the LoadedModel fields they set."""
+    import adapters
+    import kv_cache
+
+    try:
+        used = adapters.apply(model, spec.adapters, spec.model_path)
+    except adapters.AdapterError as e:
+        raise ModelLoadError(str(e)) from None
+    kv_cache.install(model, spec.kv)
+    try:
+        per_token = kv_cache.bytes_per_token(model)
+    except Exception as e:  # e.g. a group size that does not divide the head dimension
+        kind = spec.kv.describe() if spec.kv else "float"
+        raise ModelLoadError(f"the {kind} KV cache does not work with this model: {type(e).__name__}: {e}") from None
+    return dict(adapters=used, kv=spec.kv, kv_bytes_per_token=per_token,
+                kv_bytes_per_token_float=kv_cache.bytes_per_token(model, plain=True) if spec.kv else per_token)
+
+
+def describe_adaptation(lm: LoadedModel) -> str:
+    return ((f", {len(lm.adapters)} LoRA adapter(s)" if lm.adapters else "")
+            + (f", KV cache {lm.kv.describe()} ({lm.kv_bytes_per_token} bytes/token)" if lm.kv else ""))
+
+
 def load(spec: LoadSpec) -> LoadedModel:
     import mlx.core as mx
     from mlx_lm import load as mlx_lm_load
 
+    import adapters
     from gguf_loader import GGUFError, gguf_to_mlx_dir
 
     if spec.dtype not in DTYPES:
         raise ModelLoadError(f"dtype {spec.dtype!r} is not one of {', '.join(DTYPES)}")
     started = time.monotonic()
     source = resolve(spec)
+    for path, _ in spec.adapters:  # a wrong path fails before the model loads
+        try:
+            adapters.resolve(path, spec.model_path)
+        except adapters.AdapterError as e:
+            raise ModelLoadError(str(e)) from None
     log.info("loading %s", source)
     path = source
     if os.path.isfile(source):
@@ -223,6 +259,7 @@ def load(spec: LoadSpec) -> LoadedModel:
     dtype = _choose_dtype(spec.dtype, model)
     if dtype:
         _cast(model, dtype)
+    extras = _adapt(model, spec)
     _materialize(model)
     ctx = spec.context_size or int(config.get("max_position_embeddings")
                                    or config.get("text_config", {}).get("max_position_embeddings") or 4096)
@@ -230,7 +267,7 @@ def load(spec: LoadSpec) -> LoadedModel:
     loaded = LoadedModel(
         name=spec.model, source=source, model=model, tokenizer=tokenizer, config=config,
         context_size=ctx, dtype=dtype or "native", options=spec.options,
-        load_seconds=time.monotonic() - started)
-    log.info("loaded %s (%s, dtype %s, context %d) in %.1fs", source, config.get("model_type"),
-             loaded.dtype, ctx, loaded.load_seconds)
+        load_seconds=time.monotonic() - started, **extras)
+    log.info("loaded %s (%s, dtype %s, context %d%s) in %.1fs", source, config.get("model_type"),
+             loaded.dtype, ctx, describe_adaptation(loaded), loaded.load_seconds)
     return loaded

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import mlx.core as mx
+from mlx.utils import tree_map
 from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
@@ -145,9 +146,8 @@ class TextBatch:
         """
         if cache is None or not tokens:
             return
-        for layer in cache:
-            state = layer.state
-            layer.state = type(state)(mx.array(a) if isinstance(a, mx.array) else a for a in state)
+        for layer in cache:  # tree_map: a quantized cache's state nests (packed, scales, biases)
+            layer.state = tree_map(lambda a: mx.array(a) if isinstance(a, mx.array) else a, layer.state)
         mx.eval([layer.state for layer in cache])
         self.cache.insert_cache(self.lm.epoch, list(tokens), cache)
 
