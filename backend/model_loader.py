@@ -63,6 +63,8 @@ class LoadedModel:
     # Things built from this model on demand (the grammar tokenizer), kept
     # with it so that a later model can never get them.
     derived: Dict[str, Any] = field(default_factory=dict)
+    kind: str = "text"  # "vision": served by vision_batch, media prepared by vision_prepare
+    vision: Any = None  # vision_model.VisionParts of a vision model
 
     def detokenizer(self):
         """A fresh streaming detokenizer that keeps every character.
@@ -206,8 +208,10 @@ def load(spec: LoadSpec) -> LoadedModel:
         except Exception as e:  # a damaged or foreign file: the reader's own words
             raise ModelLoadError(f"{source}: not a readable GGUF file ({type(e).__name__}: {e})") from None
     elif os.path.isdir(source):
-        if _is_vision(Path(source)):
-            raise ModelLoadError(f"{source} is a vision model (config has vision_config); vision is not served yet")
+        if _is_vision(Path(source)):  # by config: each library would load the other's models wrongly
+            from vision_model import load_vision
+
+            return load_vision(spec, source, started)
         if not (Path(source) / "config.json").exists():
             raise ModelLoadError(f"{source}: not an mlx-lm model directory (no config.json)")
     else:
