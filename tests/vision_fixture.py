@@ -58,7 +58,8 @@ def _tokenizer(target: Path):
     return fast
 
 
-def build(target: Path) -> Path:
+def build(target: Path, width: int = 32, layers: int = 2, max_pixels: int = 12544) -> Path:
+    """The model directory; the defaults make the tests' 0.4 MB model, larger ones the bench's."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_vlm.utils import get_model_and_args
@@ -68,21 +69,22 @@ def build(target: Path) -> Path:
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
     config = {
         "model_type": "qwen2_vl", "architectures": ["Qwen2VLForConditionalGeneration"],
-        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "hidden_size": width, "intermediate_size": 2 * width, "num_hidden_layers": layers,
+        "num_attention_heads": 2,
         "num_key_value_heads": 1, "vocab_size": len(tok), "tie_word_embeddings": True,
         "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-        "rope_scaling": {"type": "mrope", "mrope_section": [4, 2, 2]},
+        "rope_scaling": {"type": "mrope", "mrope_section": [width // 8, width // 16, width // 16]},
         "image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
         "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"],
         "eos_token_id": ids["<|im_end|>"], "bos_token_id": ids["<|endoftext|>"],
-        "vision_config": {"model_type": "qwen2_vl", "depth": 1, "embed_dim": 32, "num_heads": 2,
-                          "mlp_ratio": 2, "hidden_size": 32, "patch_size": 14, "spatial_merge_size": 2,
+        "vision_config": {"model_type": "qwen2_vl", "depth": layers // 2, "embed_dim": width, "num_heads": 2,
+                          "mlp_ratio": 2, "hidden_size": width, "patch_size": 14, "spatial_merge_size": 2,
                           "temporal_patch_size": 2, "in_channels": 3},
     }
     (target / "config.json").write_text(json.dumps(config, indent=1))
     (target / "preprocessor_config.json").write_text(json.dumps({
         "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2VLProcessor",
-        "min_pixels": 3136, "max_pixels": 12544, "patch_size": 14, "temporal_patch_size": 2,
+        "min_pixels": 3136, "max_pixels": max_pixels, "patch_size": 14, "temporal_patch_size": 2,
         "merge_size": 2, "image_mean": [0.48145466, 0.4578275, 0.40821073],
         "image_std": [0.26862954, 0.26130258, 0.27577711], "do_resize": True, "do_rescale": True,
         "do_normalize": True, "do_convert_rgb": True}, indent=1))
@@ -108,6 +110,15 @@ def tiny_qwen2_vl() -> str:
         root = Path(tempfile.mkdtemp(prefix="tiny-qwen2-vl-"))
         _built["qwen2_vl"] = str(build(root / "tiny-qwen2-vl"))
     return _built["qwen2_vl"]
+
+
+def bench_qwen2_vl() -> str:
+    """A wider random Qwen2-VL (width 384, 4 layers, images up to 448x448) where compute, not
+    per-request overhead, dominates: the bench's default."""
+    if "bench" not in _built:
+        root = Path(tempfile.mkdtemp(prefix="bench-qwen2-vl-"))
+        _built["bench"] = str(build(root / "bench-qwen2-vl", width=384, layers=4, max_pixels=448 * 448))
+    return _built["bench"]
 
 
 def image_b64(seed: int = 0, size=(160, 120), fmt="PNG") -> str:
