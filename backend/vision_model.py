@@ -166,7 +166,8 @@ def load_vision(spec, source: str, started: float):
         eos = config.get("eos_token_id") or config.get("text_config", {}).get("eos_token_id")
         tokenizer = load_tokenizer(Path(source), eos_token_ids=[eos] if isinstance(eos, int) else eos)
     except Exception as e:  # format errors arrive as many types
-        raise ModelLoadError(f"{source}: {type(e).__name__}: {e}") from None
+        raise ModelLoadError(f"{source}: the vision model did not load through mlx-vlm: "
+                             f"{type(e).__name__}: {e}") from None
     _materialize(vlm)
     cfg = vlm.config
     media_ids = sorted({i for i in (getattr(cfg, "image_token_id", None), getattr(cfg, "image_token_index", None),

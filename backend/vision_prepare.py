@@ -97,5 +97,7 @@ def vision_prompt(lm, opts, tools, template_kwargs) -> Optional[Tuple[str, List[
     else:
         text = _raw_prompt(parts, opts.Prompt, len(images))
     ids, arrays = _expand(lm, text, images)
+    if images and not set(ids) & set(parts.media_token_ids):
+        raise OptionError("Images: the prompt has no place for them (the chat template rendered no image)")
     return text, ids, VisionInputs(arrays=arrays, key=keyed_tokens(ids, parts.media_token_ids, hashes),
                                    items=len(images))
