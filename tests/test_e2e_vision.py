@@ -8,6 +8,7 @@ in a batch of image requests, and next to text-only requests.
 import base64
 import io
 import json
+import time
 from pathlib import Path
 
 import grpc
@@ -195,3 +196,17 @@ def test_bad_media_is_invalid_argument_and_the_server_keeps_serving(stub, refere
         assert where in err.value.details(), (name, err.value.details())
     assert stub.Health(backend_pb2.HealthMessage(), timeout=5).message == b"OK"
     assert ids(stub.Predict(image_chat(1), timeout=120)) == reference(1)
+
+
+def test_a_cancelled_image_stream_leaves_the_batch_and_the_next_request_is_exact(stub, reference):
+    call = stub.PredictStream(image_chat(10, Tokens=400), timeout=120)
+    next(call)
+    next(call)
+    call.cancel()
+    Status = backend_pb2.StatusResponse.State
+    for _ in range(200):
+        if stub.Status(backend_pb2.HealthMessage(), timeout=5).state == Status.READY:
+            break
+        time.sleep(0.05)
+    assert stub.Status(backend_pb2.HealthMessage(), timeout=5).state == Status.READY
+    assert ids(stub.Predict(image_chat(10), timeout=120)) == reference(10)
