@@ -134,7 +134,20 @@ class VisionParts:
     max_image_pixels: int
     takes_video: bool = False
     takes_audio: bool = False
-    extra: Dict[str, Any] = field(default_factory=dict)
+    video_block: str = ""  # the text that stands for one video in a raw prompt
+    extra: Dict[str, Any] = field(default_factory=dict)  # frame sampling for videos (fps, max_frames)
+
+
+def _video_options(options) -> Dict[str, Any]:
+    """Frame sampling from the load options; unset ones are left to the processor's defaults."""
+    from common.python_utils import option_float, option_int
+
+    out: Dict[str, Any] = {}
+    if "video_fps" in options:
+        out["fps"] = option_float(options, "video_fps", 2.0, minimum=0.01)
+    if "max_video_frames" in options:
+        out["max_frames"] = option_int(options, "max_video_frames", 16, minimum=2)
+    return out
 
 
 def _image_block(processor, tokenizer) -> str:
@@ -172,9 +185,16 @@ def load_vision(spec, source: str, started: float):
     cfg = vlm.config
     media_ids = sorted({i for i in (getattr(cfg, "image_token_id", None), getattr(cfg, "image_token_index", None),
                                     getattr(cfg, "video_token_id", None)) if isinstance(i, int)})
+    video_id = getattr(cfg, "video_token_id", None)
     parts = VisionParts(
         vlm=vlm, processor=processor, model_type=config.get("model_type", ""), media_token_ids=media_ids,
-        image_block=_image_block(processor, tokenizer), max_image_pixels=max_pixels)
+        image_block=_image_block(processor, tokenizer), max_image_pixels=max_pixels,
+        # Video through the processor's video component and the model's video token (Qwen-VL).
+        takes_video=isinstance(video_id, int) and getattr(processor, "video_processor", None) is not None,
+        extra=_video_options(spec.options))
+    if parts.takes_video:
+        parts.video_block = _image_block(processor, tokenizer).replace(
+            getattr(processor, "image_token", "<image>"), getattr(processor, "video_token", "<video>"))
     ctx = spec.context_size or int(config.get("max_position_embeddings")
                                    or config.get("text_config", {}).get("max_position_embeddings") or 4096)
     mx.clear_cache()

@@ -16,7 +16,7 @@ import pytest
 
 from common.launcher import backend_pb2, chat
 from conftest import run_threads, serving
-from vision_fixture import image_b64, tiny_qwen2_vl
+from vision_fixture import image_b64, tiny_qwen2_vl, video_b64
 
 pytestmark = pytest.mark.e2e
 
@@ -173,7 +173,7 @@ BAD = [
     ("not an image", dict(Images=[base64.b64encode(b"hello, not a picture").decode()]), "Images[0]"),
     ("too large", dict(Images=[_too_large()]), "Images[0]"),
     ("second item bad", dict(Images=["@@"]), "Images[0]"),
-    ("video", dict(Videos=[image_b64(1)]), "Videos"),
+    ("bad video", dict(Videos=[base64.b64encode(b"not a video at all" * 40).decode()]), "Videos[0]"),
     ("audio", dict(Audios=[base64.b64encode(b"RIFF....WAVE").decode()]), "Audios"),
 ]
 
@@ -186,6 +186,8 @@ def test_bad_media_is_invalid_argument_and_the_server_keeps_serving(stub, refere
     cases.append(("two markers one image",
                   backend_pb2.PredictOptions(Prompt=prompt, Images=[image_b64(1)], Tokens=4), "marker"))
     cases.append(("marker without image", backend_pb2.PredictOptions(Prompt=prompt, Tokens=4), "marker"))
+    cases.append(("video marker without video",
+                  backend_pb2.PredictOptions(Prompt="[vid-0] Describe.", Tokens=4), "marker"))
     for name, opts, where in cases:
         with pytest.raises(grpc.RpcError) as err:
             if rpc == "Predict":
@@ -210,3 +212,40 @@ def test_a_cancelled_image_stream_leaves_the_batch_and_the_next_request_is_exact
         time.sleep(0.05)
     assert stub.Status(backend_pb2.HealthMessage(), timeout=5).state == Status.READY
     assert ids(stub.Predict(image_chat(10), timeout=120)) == reference(10)
+
+
+@pytest.fixture(scope="module")
+def video_reference(model_dir):
+    """mlx-vlm's greedy tokens for a clip (its own chat templating and frame sampling)."""
+    import os
+    import tempfile
+
+    from mlx_vlm import load, stream_generate
+    from mlx_vlm.prompt_utils import apply_chat_template
+
+    model, processor = load(model_dir)
+
+    def tokens(seed):
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "clip.mp4")
+            with open(path, "wb") as f:
+                f.write(base64.b64decode(video_b64(seed)))
+            prompt = apply_chat_template(processor, model.config, QUESTION, video=path)
+            out = [r.token for r in stream_generate(model, processor, prompt, video=[path],
+                                                    max_tokens=N + 2, temperature=0.0)]
+        return out[:N]
+
+    return tokens
+
+
+def test_video_request_equals_mlx_vlm_by_chat_and_by_marker_and_repeats_warm(stub, video_reference):
+    expected = video_reference(1)
+    assert expected != video_reference(2)
+    opts = chat(QUESTION, Videos=[video_b64(1)], Tokens=N, Temperature=0.0, Logprobs=1)
+    assert ids(stub.Predict(opts, timeout=120)) == expected
+    before = prefilled(stub)
+    assert ids(stub.Predict(opts, timeout=120)) == expected
+    assert prefilled(stub) - before == 1
+    prompt = f"<|im_start|>user\n[vid-0]{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
+    raw = backend_pb2.PredictOptions(Prompt=prompt, Videos=[video_b64(2)], Tokens=N, Temperature=0.0, Logprobs=1)
+    assert ids(stub.Predict(raw, timeout=120)) == video_reference(2)

@@ -136,3 +136,20 @@ def image_b64(seed: int = 0, size=(160, 120), fmt="PNG") -> str:
 
 if __name__ == "__main__":
     print(build(Path(os.environ.get("TARGET", tempfile.mkdtemp())) / "tiny-qwen2-vl"))
+
+
+def video_b64(seed: int = 0, frames: int = 8, size=(112, 84), fps: int = 4) -> str:
+    """A deterministic clip (a new block picture every frame) as MPEG-4, base64."""
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "clip.mp4")
+        writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"mp4v"), fps, size)
+        for _ in range(frames):
+            blocks = rng.integers(0, 256, size=(6, 8, 3), dtype=np.uint8)
+            writer.write(cv2.resize(blocks, size, interpolation=cv2.INTER_NEAREST))
+        writer.release()
+        with open(path, "rb") as f:
+            return base64.b64encode(f.read()).decode()
