@@ -249,3 +249,12 @@ def test_video_request_equals_mlx_vlm_by_chat_and_by_marker_and_repeats_warm(stu
     prompt = f"<|im_start|>user\n[vid-0]{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
     raw = backend_pb2.PredictOptions(Prompt=prompt, Videos=[video_b64(2)], Tokens=N, Temperature=0.0, Logprobs=1)
     assert ids(stub.Predict(raw, timeout=120)) == video_reference(2)
+
+
+def test_a_grammar_constrains_an_image_request_next_to_an_unconstrained_one(stub, reference):
+    constrained = image_chat(11, Grammar='root ::= ("yes" | "no") "."', Tokens=8)
+    free = image_chat(1)
+    together = run_threads([lambda: stub.Predict(constrained, timeout=120),
+                            lambda: stub.Predict(free, timeout=120)])
+    assert together[0].message in (b"yes.", b"no.")
+    assert ids(together[1]) == reference(1)
