@@ -258,3 +258,19 @@ def test_a_grammar_constrains_an_image_request_next_to_an_unconstrained_one(stub
                             lambda: stub.Predict(free, timeout=120)])
     assert together[0].message in (b"yes.", b"no.")
     assert ids(together[1]) == reference(1)
+
+
+def test_prefill_in_small_chunks_between_decode_steps_stays_exact(vstub, model_dir, reference, video_reference):
+    """Chunks of 5 tokens cut through the image tokens; the requests that arrive while
+    others decode are prefilled a chunk per step. (Reloads the model: keep this test last.)"""
+    stub = vstub.stub
+    result = vstub.load(model_dir, Options=[f"max_image_pixels:{MAX_PIXELS}", "prefill_step_size:5"])
+    assert result.success, result.message
+    seeds = [12, 13, 14]
+    together = run_threads([lambda s=s: stub.Predict(image_chat(s), timeout=120) for s in seeds]
+                           + [lambda: stub.Predict(chat(QUESTION, Videos=[video_b64(1)], Tokens=N,
+                                                        Temperature=0.0, Logprobs=1), timeout=120)])
+    for s, reply in zip(seeds, together):
+        assert ids(reply) == reference(s)
+    assert ids(together[-1]) == video_reference(1)
+    assert ids(stub.Predict(image_chat(12), timeout=120)) == reference(12)  # warm, after chunked prefill
