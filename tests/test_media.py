@@ -97,3 +97,30 @@ def test_keyed_tokens_fall_back_to_one_hash_when_runs_and_items_do_not_pair(segs
     media_keys = {k for t, k in zip(tokens, a) if t == MEDIA}
     assert len(media_keys) <= 1
     assert (a != b) == (n > 0)
+
+
+# MediaState rides in the KV cache list through the batch's merges, filters, extensions
+# and extractions: after any sequence of them, row i still carries its own delta and key.
+rows = st.lists(st.tuples(st.integers(-500, 0), st.lists(st.integers(-9, 99), max_size=4)), min_size=1, max_size=5)
+
+
+@given(rows, rows, st.data())
+def test_media_state_rows_follow_their_requests(a, b, data):
+    from vision_model import MediaState
+
+    def single(row):
+        s = MediaState()
+        s.set(*row)
+        return s
+
+    batch = MediaState.merge([single(r) for r in a])
+    batch.extend(MediaState.merge([single(r) for r in b]))
+    expected = list(a) + list(b)
+    keep = sorted(data.draw(st.sets(st.integers(0, len(expected) - 1))))
+    batch.filter(keep)
+    expected = [expected[i] for i in keep]
+    assert list(zip(batch.deltas, batch.keys)) == [(d, list(k)) for d, k in expected]
+    for i, (d, k) in enumerate(expected):
+        one = batch.extract(i)
+        assert (one.delta, one.key) == (d, list(k))
+    assert batch.trim(3) == 3 and batch.nbytes == 0 and batch.is_trimmable()
