@@ -257,7 +257,7 @@ def model_metadata(lm) -> "backend_pb2.ModelMetadataResponse":
     """What the host needs to know of the model's chat format (prep thread)."""
     tok = lm.tokenizer
     out = backend_pb2.ModelMetadataResponse(supports_thinking=bool(tok.has_thinking))
-    if lm.kind == "vision":  # a raw Prompt marks each image with it
+    if getattr(lm, "kind", "text") == "vision":  # a raw Prompt marks each image with it
         from media import MEDIA_MARKER
 
         out.media_marker = MEDIA_MARKER

@@ -434,7 +434,7 @@ class Engine:
         if self._text is None:
             from text_batch import TextBatch
 
-            if self.model.kind == "vision":  # the same batch, with image prefill
+            if getattr(self.model, "kind", "text") == "vision":  # the same batch, with image prefill
                 from vision_batch import VisionBatch as TextBatch
 
             c, mx = self.config, self._mx

@@ -3,7 +3,9 @@
 A host sends `Model` (a name, a path or a hub id), `ModelFile` (its own
 join of the models folder and `Model`) and `ModelPath` (the models folder).
 Local mlx-lm directories and hub ids go through mlx-lm's loader; `.gguf`
-files are converted once by gguf_loader and then loaded the same way.
+files are converted once by gguf_loader and then loaded the same way;
+directories whose config.json has a vision_config go through mlx-vlm
+(vision_model).
 
 Loading runs on its own thread while the engine keeps serving the old model;
 every array of the new model is evaluated there, because MLX streams belong

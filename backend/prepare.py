@@ -69,14 +69,14 @@ def prompt(lm, opts, tools=None) -> Tuple[str, List[int]]:
 
 def prompt_tokens(lm, opts) -> List[int]:
     """TokenizeString: what the tokenizer makes of the prompt, the empty one included."""
-    if lm.kind == "vision":  # image tokens counted as the model will see them
+    if getattr(lm, "kind", "text") == "vision":  # image tokens counted as the model will see them
         return media_prompt(lm, opts, parse_tools(opts.Tools))[1]
     return prompt(lm, opts)[1]
 
 
 def media_prompt(lm, opts, tools):
     """(text, token ids, media or None): a vision model expands its images into image tokens."""
-    if lm.kind == "vision":
+    if getattr(lm, "kind", "text") == "vision":
         from vision_prepare import vision_prompt
 
         found = vision_prompt(lm, opts, tools, template_kwargs(opts, lm.options))
