@@ -261,6 +261,10 @@ def model_metadata(lm) -> "backend_pb2.ModelMetadataResponse":
     """What the host needs to know of the model's chat format (prep thread)."""
     tok = lm.tokenizer
     out = backend_pb2.ModelMetadataResponse(supports_thinking=bool(tok.has_thinking))
+    if getattr(lm, "kind", "text") == "vision":  # a raw Prompt marks each image with it
+        from media import MEDIA_MARKER
+
+        out.media_marker = MEDIA_MARKER
     if tok.has_chat_template:
         try:
             out.rendered_template = tok.apply_chat_template(

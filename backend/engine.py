@@ -53,6 +53,7 @@ class Request:
     processors: List[Any] = field(default_factory=list)  # extra logits processors (grammar)
     router: Optional[OutputRouter] = None  # content / reasoning / tool-call split
     fault: str = ""  # fault-injection site, tests only (MLX_BACKEND_FAULT_INJECTION=1)
+    media: Any = None  # vision_prepare.VisionInputs of a request with images
 
 
 @dataclass
@@ -414,7 +415,8 @@ class Engine:
                     raise _InjectedDeath("injected engine death")
                 uid, slot.cached, first = self._batch().admit(
                     req.prompt, req.max_tokens, req.sampling, req.processors, req.ignore_eos,
-                    on_error=lambda e, slot=slot: self._sampling_failed(slot, e), direct=direct)
+                    on_error=lambda e, slot=slot: self._sampling_failed(slot, e), direct=direct,
+                    **({"media": req.media} if req.media is not None else {}))
             except Exception as e:  # this request alone: the batch is as it was
                 log.exception("request %d: admission failed", req.id)
                 self._end(slot, Event(error=EngineError(
@@ -434,6 +436,9 @@ class Engine:
     def _batch(self):
         if self._text is None:
             from text_batch import TextBatch
+
+            if getattr(self.model, "kind", "text") == "vision":  # the same batch, with image prefill
+                from vision_batch import VisionBatch as TextBatch
 
             c, mx = self.config, self._mx
             self._text = TextBatch(

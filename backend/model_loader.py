@@ -3,7 +3,9 @@
 A host sends `Model` (a name, a path or a hub id), `ModelFile` (its own
 join of the models folder and `Model`) and `ModelPath` (the models folder).
 Local mlx-lm directories and hub ids go through mlx-lm's loader; `.gguf`
-files are converted once by gguf_loader and then loaded the same way.
+files are converted once by gguf_loader and then loaded the same way;
+directories whose config.json has a vision_config go through mlx-vlm
+(vision_model).
 
 Loading runs on its own thread while the engine keeps serving the old model;
 every array of the new model is evaluated there, because MLX streams belong
@@ -69,6 +71,8 @@ class LoadedModel:
     kv: Any = None  # adapt_options.KVSpec of its KV cache
     kv_bytes_per_token: int = 0  # measured at load, for Status
     kv_bytes_per_token_float: int = 0  # the same with the model's own float cache
+    kind: str = "text"  # "vision": served by vision_batch, media prepared by vision_prepare
+    vision: Any = None  # vision_model.VisionParts of a vision model
 
     def detokenizer(self):
         """A fresh streaming detokenizer that keeps every character.
@@ -242,8 +246,12 @@ def load(spec: LoadSpec) -> LoadedModel:
         except Exception as e:  # a damaged or foreign file: the reader's own words
             raise ModelLoadError(f"{source}: not a readable GGUF file ({type(e).__name__}: {e})") from None
     elif os.path.isdir(source):
-        if _is_vision(Path(source)):
-            raise ModelLoadError(f"{source} is a vision model (config has vision_config); vision is not served yet")
+        if _is_vision(Path(source)):  # by config: each library would load the other's models wrongly
+            from vision_model import load_vision
+
+            if spec.adapters or spec.kv:  # never ignored silently
+                raise ModelLoadError(f"{source}: LoRA adapters and KV cache types are served for text models only")
+            return load_vision(spec, source, started)
         if not (Path(source) / "config.json").exists():
             raise ModelLoadError(f"{source}: not an mlx-lm model directory (no config.json)")
     else:

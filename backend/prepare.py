@@ -69,7 +69,22 @@ def prompt(lm, opts, tools=None) -> Tuple[str, List[int]]:
 
 def prompt_tokens(lm, opts) -> List[int]:
     """TokenizeString: what the tokenizer makes of the prompt, the empty one included."""
+    if getattr(lm, "kind", "text") == "vision":  # image tokens counted as the model will see them
+        return media_prompt(lm, opts, parse_tools(opts.Tools))[1]
     return prompt(lm, opts)[1]
+
+
+def media_prompt(lm, opts, tools):
+    """(text, token ids, media or None): a vision model expands its images into image tokens."""
+    if getattr(lm, "kind", "text") == "vision":
+        from vision_prepare import vision_prompt
+
+        found = vision_prompt(lm, opts, tools, template_kwargs(opts, lm.options))
+        if found is not None:
+            return found
+    else:
+        check_media(opts)
+    return (*prompt(lm, opts, tools), None)
 
 
 def _pick(value, options: Dict[str, Any], name: str, default, caster=float, minimum=None, maximum=None):
@@ -189,7 +204,6 @@ def build_request(lm, opts) -> Request:
     for name in ("Logprobs", "TopLogprobs"):
         if not 0 <= getattr(opts, name) <= MAX_TOP_LOGPROBS:
             raise OptionError(f"{name}: must be within [0, {MAX_TOP_LOGPROBS}], got {getattr(opts, name)}")
-    check_media(opts)
     vocab = int(lm.config.get("vocab_size") or len(lm.tokenizer))
     sampling = sampling_params(opts, lm.options, vocab)
     sampling.xtc_special_tokens = sorted(lm.tokenizer.eos_token_ids)
@@ -206,7 +220,7 @@ def build_request(lm, opts) -> Request:
         grammar_fault = _fault_step(meta, "grammar_fault_at_token") if faults and "grammar_fault_at_token" in meta else -1
         extra.append(grammar.compile_processor(lm, *source, fault_at=grammar_fault))
     tools = parse_tools(opts.Tools)
-    text, tokens = prompt(lm, opts, tools)
+    text, tokens, media = media_prompt(lm, opts, tools)
     if not text:  # TokenizeString takes the empty prompt; generating from nothing is refused
         raise OptionError("Prompt: empty (send a Prompt or Messages)")
     if not tokens:
@@ -222,4 +236,5 @@ def build_request(lm, opts) -> Request:
                    label=opts.CorrelationId, ignore_eos=opts.IgnoreEOS,
                    logprobs=opts.Logprobs > 0 or opts.TopLogprobs > 0,
                    top_logprobs=opts.TopLogprobs, processors=extra,
+                   media=media,
                    router=OutputRouter.for_tokenizer(lm.tokenizer, tools, text))

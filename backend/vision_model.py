@@ -1,0 +1,206 @@
+"""A vision-language model loaded through mlx-vlm, shaped for the engine (loading thread).
+
+mlx-vlm loads the model and its processor; the engine decodes with mlx-lm's
+BatchGenerator, as for text, driving the VLM's language model through
+`DecodeModel`. Only the prefill differs (vision_batch: image features merged
+into the prompt's embeddings), so every request keeps its own sampler, logits
+processors, stop sequences, prompt cache and logprobs in the same batch.
+
+Qwen-style models place text after an image at multimodal-RoPE positions that
+lag the cache offset by a per-request delta; `MediaState`, one more layer of
+the KV cache list, carries that delta (and the request's media-keyed prompt)
+through the batch's merges, filters and extractions.
+"""
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+log = logging.getLogger("mlx-backend.vision")
+
+
+class MediaState:
+    """Per-row metadata in the cache list: mRoPE delta and the media-keyed prompt.
+
+    Speaks the cache protocol mlx-lm's batch uses (merge / filter / extend /
+    extract / trim); it holds no keys or values.
+    """
+
+    def __init__(self, deltas: Optional[List[int]] = None, keys: Optional[List[List[int]]] = None):
+        self.deltas = list(deltas or [0])
+        self.keys = list(keys or [[]])
+
+    # single-row view
+    @property
+    def delta(self) -> int:
+        return self.deltas[0]
+
+    @property
+    def key(self) -> List[int]:
+        return self.keys[0]
+
+    def set(self, delta: int, key: List[int]) -> None:
+        self.deltas, self.keys = [int(delta)], [list(key)]
+
+    # the cache protocol
+    @property
+    def state(self):
+        return []
+
+    @state.setter
+    def state(self, v):
+        pass
+
+    @property
+    def meta_state(self):
+        return ""
+
+    @property
+    def nbytes(self) -> int:
+        return 0
+
+    def size(self) -> int:
+        return 0
+
+    def empty(self) -> bool:
+        return True
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        return n
+
+    @classmethod
+    def merge(cls, states: List["MediaState"]) -> "MediaState":
+        return cls([d for s in states for d in s.deltas], [k for s in states for k in s.keys])
+
+    def filter(self, keep) -> None:
+        keep = keep.tolist() if hasattr(keep, "tolist") else list(keep)
+        self.deltas = [self.deltas[i] for i in keep]
+        self.keys = [self.keys[i] for i in keep]
+
+    def extend(self, other: "MediaState") -> None:
+        self.deltas += other.deltas
+        self.keys += other.keys
+
+    def extract(self, idx: int) -> "MediaState":
+        return MediaState([self.deltas[idx]], [self.keys[idx]])
+
+    def prepare(self, **kwargs) -> None:
+        pass
+
+    def finalize(self) -> None:
+        pass
+
+
+class DecodeModel:
+    """The VLM's language model as mlx-lm's BatchGenerator calls it: tokens + cache -> logits."""
+
+    def __init__(self, vlm):
+        self.vlm = vlm
+        self.lm = vlm.language_model
+        self.layers = self.lm.layers
+        self.mrope = hasattr(self.lm, "get_rope_index")
+
+    def make_cache(self) -> List[Any]:
+        from mlx_lm.models.cache import make_prompt_cache
+
+        return make_prompt_cache(self.lm) + [MediaState()]
+
+    def __call__(self, inputs, cache=None, **kwargs):
+        import mlx.core as mx
+
+        if self.mrope:
+            kwargs["rope_deltas"] = mx.array(cache[-1].deltas, dtype=mx.int32)[:, None]
+        out = self.lm(inputs, cache=cache[:-1], **kwargs)
+        return getattr(out, "logits", out)
+
+    def parameters(self):
+        return self.vlm.parameters()
+
+
+@dataclass
+class VisionParts:
+    """What preparation and the vision batch need besides the decode model."""
+    vlm: Any
+    processor: Any
+    model_type: str
+    media_token_ids: List[int]
+    image_block: str  # the text that stands for one image in a raw prompt
+    max_image_pixels: int
+    takes_video: bool = False
+    takes_audio: bool = False
+    video_block: str = ""  # the text that stands for one video in a raw prompt
+    extra: Dict[str, Any] = field(default_factory=dict)  # frame sampling for videos (fps, max_frames)
+
+
+def _video_options(options) -> Dict[str, Any]:
+    """Frame sampling from the load options; unset ones are left to the processor's defaults."""
+    from common.python_utils import option_float, option_int
+
+    out: Dict[str, Any] = {}
+    if "video_fps" in options:
+        out["fps"] = option_float(options, "video_fps", 2.0, minimum=0.01)
+    if "max_video_frames" in options:
+        out["max_frames"] = option_int(options, "max_video_frames", 16, minimum=2)
+    return out
+
+
+def _image_block(processor, tokenizer) -> str:
+    """One image as prompt text: the processor's image token, in vision start/end
+    markers when the vocabulary has them (Qwen-VL), as their chat templates write it."""
+    token = getattr(processor, "image_token", None) or "<image>"
+    vocab = tokenizer.get_vocab()
+    if "<|vision_start|>" in vocab and "<|vision_end|>" in vocab:
+        return f"<|vision_start|>{token}<|vision_end|>"
+    return token
+
+
+def load_vision(spec, source: str, started: float):
+    """LoadedModel of kind "vision" from a directory whose config.json has a vision_config."""
+    import mlx.core as mx
+    from mlx_lm.utils import load_tokenizer
+    from mlx_vlm.utils import load as vlm_load
+
+    from common.python_utils import option_int
+    from media import DEFAULT_MAX_IMAGE_PIXELS
+    from model_loader import LoadedModel, ModelLoadError, _materialize
+
+    if spec.dtype not in ("auto", "native"):
+        raise ModelLoadError(f"dtype {spec.dtype!r}: vision models are served in their stored dtype")
+    max_pixels = option_int(spec.options, "max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS, minimum=1)
+    config = json.loads((Path(source) / "config.json").read_text())
+    try:
+        vlm, processor = vlm_load(source, trust_remote_code=spec.trust_remote_code)
+        eos = config.get("eos_token_id") or config.get("text_config", {}).get("eos_token_id")
+        tokenizer = load_tokenizer(Path(source), eos_token_ids=[eos] if isinstance(eos, int) else eos)
+    except Exception as e:  # format errors arrive as many types
+        raise ModelLoadError(f"{source}: the vision model did not load through mlx-vlm: "
+                             f"{type(e).__name__}: {e}") from None
+    _materialize(vlm)
+    cfg = vlm.config
+    media_ids = sorted({i for i in (getattr(cfg, "image_token_id", None), getattr(cfg, "image_token_index", None),
+                                    getattr(cfg, "video_token_id", None)) if isinstance(i, int)})
+    video_id = getattr(cfg, "video_token_id", None)
+    parts = VisionParts(
+        vlm=vlm, processor=processor, model_type=config.get("model_type", ""), media_token_ids=media_ids,
+        image_block=_image_block(processor, tokenizer), max_image_pixels=max_pixels,
+        # Video through the processor's video component and the model's video token (Qwen-VL).
+        takes_video=isinstance(video_id, int) and getattr(processor, "video_processor", None) is not None,
+        extra=_video_options(spec.options))
+    if parts.takes_video:
+        parts.video_block = _image_block(processor, tokenizer).replace(
+            getattr(processor, "image_token", "<image>"), getattr(processor, "video_token", "<video>"))
+    ctx = spec.context_size or int(config.get("max_position_embeddings")
+                                   or config.get("text_config", {}).get("max_position_embeddings") or 4096)
+    mx.clear_cache()
+    loaded = LoadedModel(
+        name=spec.model, source=source, model=DecodeModel(vlm), tokenizer=tokenizer, config=config,
+        context_size=ctx, dtype="native", options=spec.options, load_seconds=time.monotonic() - started,
+        kind="vision", vision=parts)
+    log.info("loaded %s (vision, %s, context %d) in %.1fs", source, parts.model_type, ctx, loaded.load_seconds)
+    return loaded

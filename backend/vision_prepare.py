@@ -1,0 +1,164 @@
+"""The prompt of a request to a vision model: media decoded, placed and expanded (prep thread).
+
+Images are decoded and bounded by media.py, videos checked to decode and
+handed to mlx-vlm's loader as files; both are placed in the prompt (by
+mlx-vlm's chat templating for Messages, at the host's markers for a raw
+Prompt), then mlx-vlm's processor expands each into its tokens and makes the
+pixel arrays (video frames sampled by its rules and the fps / frame options). The arrays leave as numpy: the engine thread makes its own
+MLX arrays from them.
+"""
+
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from common.python_utils import OptionError, messages_to_dicts
+from media import MEDIA_MARKER, b64_bytes, content_hash, decode_image, keyed_tokens
+
+VIDEO_MARKER = r"\[vid-\d+\]"  # the host's marker for the N-th video of a raw Prompt
+
+
+@dataclass
+class VisionInputs:
+    """One request's media, ready for the vision batch's prefill."""
+    arrays: Dict[str, np.ndarray] = field(default_factory=dict)  # pixel_values, image_grid_thw, ...
+    key: List[int] = field(default_factory=list)  # the prompt with media tokens keyed by content hash
+    items: int = 0
+
+
+def has_media(opts) -> bool:
+    return bool(opts.Images or opts.Videos or opts.Audios)
+
+
+def _refuse_kinds(parts, opts) -> None:
+    for name, ok in (("Videos", parts.takes_video), ("Audios", parts.takes_audio)):
+        if getattr(opts, name) and not ok:
+            raise OptionError(f"{name}: the loaded model ({parts.model_type}) does not take "
+                              f"{'video' if name == 'Videos' else 'audio'} input here")
+
+
+def _images(parts, opts) -> Tuple[list, List[int]]:
+    images, hashes = [], []
+    for i, item in enumerate(opts.Images):
+        field_name = f"Images[{i}]"
+        raw = b64_bytes(field_name, item)
+        images.append(decode_image(field_name, raw, parts.max_image_pixels))
+        hashes.append(content_hash(raw))
+    return images, hashes
+
+
+def _videos(opts, folder: str) -> Tuple[List[str], List[int]]:
+    """Each video's bytes in a file of `folder` (mlx-vlm's loader reads files), checked to decode."""
+    import cv2
+
+    paths, hashes = [], []
+    for i, item in enumerate(opts.Videos):
+        raw = b64_bytes(f"Videos[{i}]", item)
+        path = os.path.join(folder, f"video{i}")
+        with open(path, "wb") as f:
+            f.write(raw)
+        cap = cv2.VideoCapture(path)
+        try:
+            ok = cap.isOpened() and int(cap.get(cv2.CAP_PROP_FRAME_COUNT)) > 0 and cap.read()[0]
+        finally:
+            cap.release()
+        if not ok:
+            raise OptionError(f"Videos[{i}]: not a decodable video")
+        paths.append(path)
+        hashes.append(content_hash(raw))
+    return paths, hashes
+
+
+def _raw_prompt(parts, text: str, image_hashes: List[int], video_hashes: List[int]) -> Tuple[str, List[int]]:
+    """Each marker becomes its item's placeholder; the counts must match the items'.
+    Returns the prompt and the items' hashes in prompt order."""
+    found = [(m.start(), "image") for m in re.finditer(re.escape(MEDIA_MARKER), text)]
+    found += [(m.start(), "video") for m in re.finditer(VIDEO_MARKER, text)]
+    for kind, name, hashes, marker in (("image", "Images", image_hashes, MEDIA_MARKER),
+                                       ("video", "Videos", video_hashes, "[vid-N]")):
+        count = sum(1 for _, k in found if k == kind)
+        if count != len(hashes):
+            raise OptionError(f"Prompt: {count} media marker(s) {marker!r} for {len(hashes)} item(s) in {name}")
+    text = text.replace(MEDIA_MARKER, parts.image_block)
+    text = re.sub(VIDEO_MARKER, lambda m: parts.video_block, text)
+    images, videos = iter(image_hashes), iter(video_hashes)
+    return text, [next(images) if k == "image" else next(videos) for _, k in sorted(found)]
+
+
+def _chat_prompt(lm, opts, tools, images: int, videos: int, template_kwargs: Dict[str, Any]) -> str:
+    """mlx-vlm's chat templating places the images; videos go before the text of the same
+    (last) user message, as its video formatting does."""
+    from mlx_vlm.prompt_utils import apply_chat_template, get_chat_template
+
+    processor = lm.vision.processor
+    kwargs = dict(template_kwargs)
+    if tools:
+        kwargs["tools"] = tools
+    try:
+        messages = apply_chat_template(processor, lm.config, messages_to_dicts(opts.Messages),
+                                       add_generation_prompt=True, return_messages=True, num_images=images)
+        if videos:
+            _add_videos(messages, videos)
+        return get_chat_template(processor, messages, True, **kwargs)
+    except OptionError:
+        raise
+    except Exception as e:  # jinja errors: the template rejected these messages
+        raise OptionError(f"Messages: the chat template failed: {type(e).__name__}: {e}") from None
+
+
+def _add_videos(messages: List[Dict[str, Any]], count: int) -> None:
+    last = next((m for m in reversed(messages) if m.get("role") == "user"), None)
+    if last is None:
+        raise OptionError("Videos: there is no user message to hold them")
+    content = last.get("content")
+    if isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    media = [c for c in content if c.get("type") != "text"]
+    text = [c for c in content if c.get("type") == "text"]
+    last["content"] = media + [{"type": "video"}] * count + text
+
+
+def _expand(lm, text: str, images: list, videos: List[str]) -> Tuple[List[int], Dict[str, np.ndarray]]:
+    from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
+
+    parts = lm.vision
+    try:
+        inputs = prepare_inputs(
+            parts.processor, images=images or None, videos=videos or None, prompts=text,
+            image_token_index=getattr(parts.vlm.config, "image_token_index", None),
+            add_special_tokens=should_add_special_tokens(parts.model_type, parts.processor),
+            **(parts.extra if videos else {}))
+    except Exception as e:  # the processor refused these items (size, shape, frame count)
+        name = "Videos" if videos else "Images"
+        raise OptionError(f"{name}: the model's processor refused them: {type(e).__name__}: {e}") from None
+    arrays = {k: np.array(v) for k, v in inputs.items()
+              if v is not None and k not in ("input_ids", "attention_mask") and hasattr(v, "shape")}
+    ids = np.array(inputs["input_ids"]).reshape(-1).tolist()
+    return ids, arrays
+
+
+def vision_prompt(lm, opts, tools, template_kwargs) -> Optional[Tuple[str, List[int], VisionInputs]]:
+    """(prompt text, expanded token ids, media) of a request with media; None when it has none."""
+    parts = lm.vision
+    use_template = opts.Messages and (opts.UseTokenizerTemplate or not opts.Prompt)
+    if not has_media(opts) and (use_template or not (MEDIA_MARKER in opts.Prompt
+                                                     or re.search(VIDEO_MARKER, opts.Prompt))):
+        return None  # text only: the text path, exactly as for a text model
+    _refuse_kinds(parts, opts)
+    images, hashes = _images(parts, opts)
+    with tempfile.TemporaryDirectory(prefix="mlx-video-") as folder:
+        videos, video_hashes = _videos(opts, folder)
+        if use_template:
+            text = _chat_prompt(lm, opts, tools, len(images), len(videos), template_kwargs)
+            hashes += video_hashes  # the order they take in the rendered message
+        else:
+            text, hashes = _raw_prompt(parts, opts.Prompt, hashes, video_hashes)
+        ids, arrays = _expand(lm, text, images, videos)
+    if (images or videos) and not set(ids) & set(parts.media_token_ids):
+        raise OptionError("Images: the prompt has no place for them (the chat template rendered none)")
+    return text, ids, VisionInputs(arrays=arrays, key=keyed_tokens(ids, parts.media_token_ids, hashes),
+                                   items=len(hashes))
