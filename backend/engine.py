@@ -146,6 +146,7 @@ class _Slot:
     t_first: float = 0.0
     logprobs: List[dict] = field(default_factory=list)
     generated: List[int] = field(default_factory=list)  # token ids so far (speculation looks back at them)
+    drafted: List[int] = field(default_factory=lambda: [0, 0])  # speculation: tokens proposed, accepted
     error: Optional[EngineError] = None  # set when this request alone failed
     done: bool = False  # its terminal event was sent
 
@@ -369,9 +370,10 @@ class Engine:
             log.info("request %d%s failed: %s: %s", slot.request.id, _label(slot), event.error.code, event.error)
         else:
             log.info("request %d%s %s: prompt %d tokens (%d cached), completion %d tokens, "
-                     "prefill %.0f ms, decode %.0f ms%s", slot.request.id, _label(slot), event.finish,
+                     "prefill %.0f ms, decode %.0f ms%s%s", slot.request.id, _label(slot), event.finish,
                      event.prompt_tokens, event.cached_tokens, event.tokens, event.prompt_ms, event.gen_ms,
-                     f" ({event.tokens * 1000.0 / event.gen_ms:.1f} tok/s)" if event.gen_ms > 0 else "")
+                     f" ({event.tokens * 1000.0 / event.gen_ms:.1f} tok/s)" if event.gen_ms > 0 else "",
+                     ", drafts accepted %d/%d" % (slot.drafted[1], slot.drafted[0]) if slot.drafted[0] else "")
 
     def _fail(self, slot: _Slot, error: EngineError) -> None:
         """This request alone failed: out of the batch, then its error."""

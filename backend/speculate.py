@@ -122,7 +122,7 @@ class Solo:
         self.sampler = make_sampler(seeded, len(lm.tokenizer))
         self.k_max = self.k = n_draft
         self.misses = self.cooldown = 0
-        self.proposed = self.accepted = self.passes = 0
+        self.passes = 0
         self.draft = settings.draft if settings.mode == "draft" else None
         if self.draft is not None:
             self.draft_cache = make_prompt_cache(self.draft.model)
@@ -162,8 +162,8 @@ class Solo:
         """Longer drafts while they pass, shorter after a miss, a pause after repeated misses."""
         if proposed == 0:
             return
-        self.proposed += proposed
-        self.accepted += accepted
+        self.slot.drafted[0] += proposed
+        self.slot.drafted[1] += accepted
         if accepted == proposed:
             self.k = min(self.k_max, self.k * 2)
         else:
@@ -214,8 +214,7 @@ class Solo:
         if held > len(self.context):
             trim_prompt_cache(self.cache, held - len(self.context))
             held = len(self.context)
-        log.debug("request %d: speculation proposed %d, accepted %d, %d passes",
-                  self.slot.request.id, self.proposed, self.accepted, self.passes)
+        log.debug("request %d: %d speculative passes so far", self.slot.request.id, self.passes)
         return self.cache, self.context[:held]
 
     def rejoin(self, gen) -> int:
