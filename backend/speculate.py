@@ -14,11 +14,13 @@ they equal those draws, and the first differing draw is emitted. Every emitted
 token is therefore a draw from the model given the actual text before it:
 greedy output is the argmax sequence, sampled output follows the same
 distribution (for a proposal fixed before the draw, P(accept d) = p(d) and a
-rejection leaves p without d: the standard rejection rule). Requests with
-logits processors (penalties, logit bias, grammar) keep decoding in the batch.
+rejection leaves p without d: the standard rejection rule). As the sampler's
+key depends on the token's position alone, these are even the very draws
+plain decoding makes: the same seed gives the same text with or without
+speculation. Requests with logits processors (penalties, logit bias,
+grammar) keep decoding in the batch.
 """
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
@@ -68,17 +70,20 @@ def verify(logprobs: mx.array, drafts: List[int], sampler: Optional[Callable]) -
     """The tokens to emit after one verification pass: accepted drafts, then one draw.
 
     `logprobs[i]` is the model's distribution after the prefix + drafts[:i]
-    (k + 1 rows for k drafts). Row i is drawn with the request's sampler, each
-    row with its own key split, so the rows are independent draws.
+    (k + 1 rows for k drafts). Row i is drawn with the request's sampler at
+    its own position (its own key), as plain decoding would draw that token.
     """
     if sampler is None:
         draws = mx.argmax(logprobs, axis=-1)
     else:
+        start = sampler.position
         draws = mx.concatenate([sampler(logprobs[i:i + 1]).reshape(-1) for i in range(logprobs.shape[0])])
     draws = draws.tolist()
     n = 0
     while n < len(drafts) and draws[n] == drafts[n]:
         n += 1
+    if sampler is not None:  # the positions past the first rejection were never emitted
+        sampler.position = start + n + 1
     return drafts[:n] + [draws[n]]
 
 
@@ -117,9 +122,8 @@ class Solo:
         self.eos = set() if req.ignore_eos else set(lm.tokenizer.eos_token_ids)
         self.ignore_eos = req.ignore_eos
         self.eos_ids = list(lm.tokenizer.eos_token_ids)
-        # Its own key, fixed by the seed and the position: the batch's sampler stays behind.
-        seeded = dataclasses.replace(req.sampling, seed=(req.sampling.seed * 1000003 + len(context)) & 0xFFFFFFFF)
-        self.sampler = make_sampler(seeded, len(lm.tokenizer))
+        # Keys follow the position in the completion: the draws the batch would have made.
+        self.sampler = make_sampler(req.sampling, len(lm.tokenizer), position=len(context) - len(req.prompt))
         self.k_max = self.k = n_draft
         self.misses = self.cooldown = 0
         self.passes = 0

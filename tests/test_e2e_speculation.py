@@ -116,13 +116,15 @@ def test_a_second_request_mid_speculation_leaves_both_exact(stub, server_log):
     assert drafts_accepted(server_log, "spec-joined-first") > 0
 
 
-def test_seeded_sampling_with_speculation_repeats_itself(stub):
-    def run():
-        o = opts_for("quote", True)
-        o.Temperature, o.Seed, o.Tokens = 0.7, 1234, 24
+def test_seeded_sampling_draws_the_same_text_with_speculation(stub, server_log):
+    def run(spec):
+        o = opts_for("quote", spec)
+        o.Temperature, o.TopP, o.Seed, o.Tokens = 0.5, 0.95, 1234, 24
+        o.CorrelationId += "-sampled"
         return stub.Predict(o, timeout=300).message
 
-    assert run() == run()
+    assert run(True) == run(False)
+    assert drafts_accepted(server_log, "spec-quote-on-sampled") > 0
 
 
 def test_bad_speculation_settings_are_refused(server, stub):
