@@ -146,7 +146,7 @@ class _Slot:
     t_first: float = 0.0
     logprobs: List[dict] = field(default_factory=list)
     generated: List[int] = field(default_factory=list)  # token ids so far (speculation looks back at them)
-    drafted: List[int] = field(default_factory=lambda: [0, 0])  # speculation: tokens proposed, accepted
+    spec: Any = None  # speculate.Track, once it has decoded speculatively
     error: Optional[EngineError] = None  # set when this request alone failed
     done: bool = False  # its terminal event was sent
 
@@ -373,7 +373,7 @@ class Engine:
                      "prefill %.0f ms, decode %.0f ms%s%s", slot.request.id, _label(slot), event.finish,
                      event.prompt_tokens, event.cached_tokens, event.tokens, event.prompt_ms, event.gen_ms,
                      f" ({event.tokens * 1000.0 / event.gen_ms:.1f} tok/s)" if event.gen_ms > 0 else "",
-                     ", drafts accepted %d/%d" % (slot.drafted[1], slot.drafted[0]) if slot.drafted[0] else "")
+                     slot.spec.summary() if slot.spec is not None else "")
 
     def _fail(self, slot: _Slot, error: EngineError) -> None:
         """This request alone failed: out of the batch, then its error."""
@@ -537,7 +537,8 @@ class Engine:
 
         slot = next(iter(self._slots.values()))
         settings = speculate.settings_of(self.model)
-        n_draft = speculate.draft_length(settings, slot.request) if slot.t_first else 0
+        ready = slot.t_first and (slot.spec is None or slot.spec.ready(len(slot.generated)))
+        n_draft = speculate.draft_length(settings, slot.request) if ready else 0
         if n_draft <= 0 or not speculate.trimmable(self.model):
             return False
         cache, _ = self._text.remove([slot.uid], keep_cache=True).get(slot.uid, (None, None))
@@ -557,6 +558,8 @@ class Engine:
         except Exception as e:  # this request alone: nothing else runs
             log.exception("request %d: speculative step failed", slot.request.id)
             slot.error = slot.error or EngineError("INTERNAL", f"request failed: {type(e).__name__}: {e}")
+        if self._solo is solo and solo.wants_batch and slot.error is None:
+            self._rejoin()
         return done
 
     def _rejoin(self) -> None:

@@ -35,7 +35,24 @@ from spec_config import Settings, settings_of  # noqa: F401 (the engine reads se
 
 log = logging.getLogger("mlx-backend.speculate")
 
-MAX_COOLDOWN = 32  # plain steps after repeated misses, at most
+IDLE_STEPS = 3  # passes in a row without an accepted draft before the stream goes back to the batch
+MAX_PAUSE = 64  # tokens decoded in the batch before trying again, at most
+
+
+@dataclass
+class Track:
+    """One request's speculation across its turns out of the batch (kept on the engine's slot)."""
+    proposed: int = 0
+    accepted: int = 0
+    resume_at: int = 0  # generated tokens before speculation is tried again
+    pauses: int = 0
+    draft_cache: Any = None  # the draft model's KV cache, kept so a new turn only catches up
+
+    def ready(self, generated: int) -> bool:
+        return generated >= self.resume_at
+
+    def summary(self) -> str:
+        return f", drafts accepted {self.accepted}/{self.proposed}" if self.proposed else ""
 
 
 @dataclass
@@ -125,11 +142,17 @@ class Solo:
         # Keys follow the position in the completion: the draws the batch would have made.
         self.sampler = make_sampler(req.sampling, len(lm.tokenizer), position=len(context) - len(req.prompt))
         self.k_max = self.k = n_draft
-        self.misses = self.cooldown = 0
+        self.idle = 0
+        self.wants_batch = False  # drafts keep failing: plain decoding is faster in the batch
+        if slot.spec is None:
+            slot.spec = Track()
+        self.track = slot.spec
         self.passes = 0
         self.draft = settings.draft if settings.mode == "draft" else None
         if self.draft is not None:
-            self.draft_cache = make_prompt_cache(self.draft.model)
+            if self.track.draft_cache is None:
+                self.track.draft_cache = make_prompt_cache(self.draft.model)
+            self.draft_cache = self.track.draft_cache
             self.index = None
         else:
             self.index = NgramIndex(self.context, settings.ngram_max, settings.ngram_min)
@@ -139,9 +162,6 @@ class Solo:
     # ---- proposing ------------------------------------------------------------
 
     def _length(self) -> int:
-        if self.cooldown > 0:
-            self.cooldown -= 1
-            return 0
         return max(0, min(self.k, self.remaining - 1))
 
     def _propose(self, k: int) -> List[int]:
@@ -163,21 +183,17 @@ class Solo:
         return mx.concatenate(out, axis=1)[0].tolist()
 
     def _adapt(self, proposed: int, accepted: int) -> None:
-        """Longer drafts while they pass, shorter after a miss, a pause after repeated misses."""
-        if proposed == 0:
-            return
-        self.slot.drafted[0] += proposed
-        self.slot.drafted[1] += accepted
-        if accepted == proposed:
-            self.k = min(self.k_max, self.k * 2)
-        else:
-            self.k = max(1, accepted + 1)
-        if accepted == 0:
-            self.misses += 1
-            if self.misses >= 2:
-                self.cooldown = min(MAX_COOLDOWN, 1 << (self.misses - 2))
-        else:
-            self.misses = 0
+        """Longer drafts while they pass, shorter after a miss; back to the batch after repeated misses."""
+        self.track.proposed += proposed
+        self.track.accepted += accepted
+        if proposed:
+            self.k = min(self.k_max, self.k * 2) if accepted == proposed else max(1, accepted + 1)
+        self.idle = 0 if accepted else self.idle + 1
+        if self.idle >= IDLE_STEPS and self.remaining > 0:
+            self.wants_batch = True
+            t = self.track
+            t.resume_at = len(self.context) - len(self.slot.request.prompt) + min(MAX_PAUSE, 4 << t.pauses)
+            t.pauses += 1
 
     # ---- one step ---------------------------------------------------------------
 
