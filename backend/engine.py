@@ -536,10 +536,12 @@ class Engine:
         import speculate
 
         slot = next(iter(self._slots.values()))
+        if not slot.t_first or (slot.spec is not None and not slot.spec.ready(len(slot.generated))):
+            return False
         settings = speculate.settings_of(self.model)
-        ready = slot.t_first and (slot.spec is None or slot.spec.ready(len(slot.generated)))
-        n_draft = speculate.draft_length(settings, slot.request) if ready else 0
-        if n_draft <= 0 or not speculate.trimmable(self.model):
+        n_draft = speculate.draft_length(settings, slot.request) if speculate.trimmable(self.model) else 0
+        if n_draft <= 0:
+            slot.spec = speculate.Track.never()  # decided once for this request
             return False
         cache, _ = self._text.remove([slot.uid], keep_cache=True).get(slot.uid, (None, None))
         context = slot.request.prompt + slot.generated
@@ -566,7 +568,7 @@ class Engine:
         solo, self._solo = self._solo, None
         slot = solo.slot
         self._slots.pop(slot.uid, None)
-        slot.uid = solo.rejoin(self._text.gen)
+        slot.uid = solo.rejoin(self._text.gen, lambda e, slot=slot: self._sampling_failed(slot, e))
         self._slots[slot.uid] = slot
 
     def _fail_running(self, error: EngineError) -> None:

@@ -48,6 +48,10 @@ class Track:
     pauses: int = 0
     draft_cache: Any = None  # the draft model's KV cache, kept so a new turn only catches up
 
+    @classmethod
+    def never(cls) -> "Track":
+        return cls(resume_at=1 << 62)
+
     def ready(self, generated: int) -> bool:
         return generated >= self.resume_at
 
@@ -237,8 +241,10 @@ class Solo:
         log.debug("request %d: %d speculative passes so far", self.slot.request.id, self.passes)
         return self.cache, self.context[:held]
 
-    def rejoin(self, gen) -> int:
+    def rejoin(self, gen, on_error: Callable[[Exception], None]) -> int:
         """Back into the batch generator from where it is; its new uid there."""
+        from text_batch import _argmax, guarded
+
         cache, held = self.release()
         pending = self.context[len(held):]
         if not pending:  # the last token is in the cache: recompute it for its logits
@@ -246,5 +252,5 @@ class Solo:
             held, pending = held[:-1], held[-1:]
         stops = StopSequences([] if self.ignore_eos else [(t,) for t in self.eos_ids])
         (uid,) = gen.insert([pending], max_tokens=[self.remaining], caches=[cache], all_tokens=[held],
-                            samplers=[self.sampler], logits_processors=[[]], stop_sequences=[stops])
+                            samplers=[guarded(self.sampler, _argmax, on_error) if self.sampler else None], logits_processors=[[]], stop_sequences=[stops])
         return uid
