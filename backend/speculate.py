@@ -141,8 +141,6 @@ class Solo:
         self.context = list(context)
         self.remaining = max_tokens
         self.eos = set() if req.ignore_eos else set(lm.tokenizer.eos_token_ids)
-        self.ignore_eos = req.ignore_eos
-        self.eos_ids = list(lm.tokenizer.eos_token_ids)
         # Keys follow the position in the completion: the draws the batch would have made.
         self.sampler = make_sampler(req.sampling, len(lm.tokenizer), position=len(context) - len(req.prompt))
         self.k_max = self.k = n_draft
@@ -250,7 +248,8 @@ class Solo:
         if not pending:  # the last token is in the cache: recompute it for its logits
             trim_prompt_cache(cache, 1)
             held, pending = held[:-1], held[-1:]
-        stops = StopSequences([] if self.ignore_eos else [(t,) for t in self.eos_ids])
+        sampler = guarded(self.sampler, _argmax, on_error) if self.sampler else None
         (uid,) = gen.insert([pending], max_tokens=[self.remaining], caches=[cache], all_tokens=[held],
-                            samplers=[guarded(self.sampler, _argmax, on_error) if self.sampler else None], logits_processors=[[]], stop_sequences=[stops])
+                            samplers=[sampler], logits_processors=[[]],
+                            stop_sequences=[StopSequences([(t,) for t in sorted(self.eos)])])
         return uid
