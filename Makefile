@@ -3,7 +3,7 @@ PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 ADDR ?= 127.0.0.1:50051
 
-.PHONY: install install-test protogen serve demo smoke unit e2e test bench bench-adapt bench-vision soak localai-backend clean
+.PHONY: install install-test protogen serve demo smoke unit e2e test bench bench-adapt bench-vision bench-spec soak localai-backend clean
 
 install:
 	./install.sh
@@ -40,6 +40,8 @@ bench-adapt: install-test
 	$(PY) tests/bench_adapt.py
 bench-vision: install-test
 	$(PY) tests/bench_vision.py
+bench-spec: install-test
+	$(PY) tests/bench_spec.py
 
 soak: install-test
 	SOAK_REQUESTS=300 $(PYTEST) -q -s tests/test_soak.py

@@ -35,6 +35,7 @@ from common.python_utils import OptionError, option_bool, option_int, parse_opti
 import adapt_options  # noqa: E402
 import model_loader  # noqa: E402
 import prepare  # noqa: E402
+import spec_config  # noqa: E402
 from engine import Engine, EngineConfig, EngineError  # noqa: E402
 
 log = logging.getLogger("mlx-backend")
@@ -129,6 +130,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             option_bool(options, "enable_thinking", True)  # checked now, used per request
             free_first = option_bool(options, "free_before_load", False)
             config = self._engine_config(options)
+            speculation = spec_config.parse(options, request.DraftModel)
         except OptionError as e:
             return backend_pb2.Result(success=False, message=f"invalid option: {e}")
         async with self.load_lock:
@@ -137,6 +139,8 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
                     await asyncio.wrap_future(self.engine.swap(None))
                 # The old model keeps serving while the new one loads on its own thread.
                 lm = await asyncio.get_running_loop().run_in_executor(self.loader, model_loader.load, spec)
+                lm = await asyncio.get_running_loop().run_in_executor(
+                    self.loader, spec_config.attach, lm, speculation, spec, request.DraftModel)
                 await asyncio.wrap_future(self.engine.swap(lm, config))
             except (model_loader.ModelNotFound, model_loader.ModelLoadError, EngineError) as e:
                 log.error("LoadModel failed: %s", e)

@@ -52,6 +52,7 @@ class Request:
     top_logprobs: int = 0
     processors: List[Any] = field(default_factory=list)  # extra logits processors (grammar)
     router: Optional[OutputRouter] = None  # content / reasoning / tool-call split
+    n_draft: Optional[int] = None  # tokens speculated per step (None: the model's default, 0: none)
     fault: str = ""  # fault-injection site, tests only (MLX_BACKEND_FAULT_INJECTION=1)
     media: Any = None  # vision_prepare.VisionInputs of a request with images
 
@@ -148,6 +149,8 @@ class _Slot:
     t_admit: float = 0.0
     t_first: float = 0.0
     logprobs: List[dict] = field(default_factory=list)
+    generated: List[int] = field(default_factory=list)  # token ids so far (speculation looks back at them)
+    spec: Any = None  # speculate.Track, once it has decoded speculatively
     error: Optional[EngineError] = None  # set when this request alone failed
     done: bool = False  # its terminal event was sent
 
@@ -177,6 +180,7 @@ class Engine:
         self._waiting: Deque[_Slot] = deque()
         self._outbox: List[tuple] = []  # (sink, event) to hand over at the end of the step
         self._text = None  # text_batch.TextBatch of the current model, built on first use
+        self._solo = None  # speculate.Solo: the lone request decoding speculatively, out of the batch
         self._stopping = False
         self.on_close: Optional[Callable[[str], None]] = None  # told, from the engine thread, why it ended
         self._thread = threading.Thread(target=self._run, name="mlx-engine", daemon=True)
@@ -359,6 +363,8 @@ class Engine:
             return
         slot.done = True
         self._slots.pop(slot.uid, None)
+        if self._solo is not None and self._solo.slot is slot:
+            self._solo = None
         try:
             self._waiting.remove(slot)
         except ValueError:
@@ -368,15 +374,16 @@ class Engine:
             log.info("request %d%s failed: %s: %s", slot.request.id, _label(slot), event.error.code, event.error)
         else:
             log.info("request %d%s %s: prompt %d tokens (%d cached), completion %d tokens, "
-                     "prefill %.0f ms, decode %.0f ms%s", slot.request.id, _label(slot), event.finish,
+                     "prefill %.0f ms, decode %.0f ms%s%s", slot.request.id, _label(slot), event.finish,
                      event.prompt_tokens, event.cached_tokens, event.tokens, event.prompt_ms, event.gen_ms,
-                     f" ({event.tokens * 1000.0 / event.gen_ms:.1f} tok/s)" if event.gen_ms > 0 else "")
+                     f" ({event.tokens * 1000.0 / event.gen_ms:.1f} tok/s)" if event.gen_ms > 0 else "",
+                     slot.spec.summary() if slot.spec is not None else "")
 
     def _fail(self, slot: _Slot, error: EngineError) -> None:
         """This request alone failed: out of the batch, then its error."""
         try:
             if slot.uid in self._slots and self._text is not None:
-                self._text.remove([slot.uid])
+                self._take(slot, keep_cache=False)
         finally:  # if the batch cannot let go of it, the step's handler resets the batch
             self._end(slot, Event(error=error))
 
@@ -403,6 +410,8 @@ class Engine:
                                        t_arrived=time.perf_counter()))
 
     def _admit(self) -> None:
+        if self._waiting and self._solo is not None:  # company: the lone stream goes back into the batch
+            self._rejoin()
         while self._waiting and len(self._slots) < self.config.max_sequences:
             slot = self._waiting[0]  # stays in the queue, where a failure still finds it, until placed
             req = slot.request
@@ -459,16 +468,20 @@ class Engine:
 
     def _step(self) -> None:
         started = time.perf_counter()
-        responses = self._text.step()
-        for r in responses:
-            slot = self._slots.get(r.uid)
-            if slot is not None and not slot.done and slot.error is None:
-                self._token(slot, r)
+        if self._speculating():
+            produced = self._solo_step()
+        else:
+            responses = self._text.step()
+            for r in responses:
+                slot = self._slots.get(r.uid)
+                if slot is not None and not slot.done and slot.error is None:
+                    self._token(slot, r)
+            produced = len(responses)
         for slot in [s for s in self._slots.values() if s.error is not None]:
             self._fail(slot, slot.error)
-        if responses:
-            self.metrics["tokens_generated"] += len(responses)
-            rate = len(responses) / max(time.perf_counter() - started, 1e-6)
+        if produced:
+            self.metrics["tokens_generated"] += produced
+            rate = produced / max(time.perf_counter() - started, 1e-6)
             self.metrics["tokens_per_second"] = 0.8 * self.metrics["tokens_per_second"] + 0.2 * rate
 
     def _token(self, slot: _Slot, r) -> None:
@@ -486,13 +499,14 @@ class Engine:
             self._finish(slot, "stop", slot.pipeline.finalize(), r.prompt_cache, r.all_tokens)
             return
         slot.tokens += 1
+        slot.generated.append(r.token)
         if slot.request.logprobs:
             from logprobs import entry
 
             slot.logprobs.append(entry(self.model.tokenizer, r.token, r.logprobs, slot.request.top_logprobs))
         deltas = slot.pipeline.add_token(r.token)
         if slot.pipeline.stopped:  # a stop string: out of the batch, its cache kept
-            cache, tokens = self._text.remove([slot.uid], keep_cache=True).get(slot.uid, (None, None))
+            cache, tokens = self._take(slot, keep_cache=True)
             self._finish(slot, "stop", deltas + slot.pipeline.finalize(), cache, tokens)
         elif r.finish_reason == "length":
             self._finish(slot, "length", deltas + slot.pipeline.finalize(), r.prompt_cache, r.all_tokens)
@@ -508,10 +522,64 @@ class Engine:
                 return
             # Only a request that reached decoding has a cache known to be whole
             # (a prompt batch mid-prefill may still hold padding).
-            kept = self._text.remove([slot.uid], keep_cache=bool(slot.t_first))
-            cache, tokens = kept.get(slot.uid, (None, None))
+            cache, tokens = self._take(slot, keep_cache=bool(slot.t_first))
             self._finish(slot, "cancelled", [], cache, tokens)
             return
+
+    # ---- speculation: a lone stream decodes out of the batch (speculate.py) --------
+
+    def _take(self, slot: _Slot, keep_cache: bool):
+        """Take a running request out of the batch or of speculation: (its cache, tokens) or Nones."""
+        if self._solo is not None and self._solo.slot is slot:
+            solo, self._solo = self._solo, None
+            return solo.release() if keep_cache else (None, None)
+        return self._text.remove([slot.uid], keep_cache=keep_cache).get(slot.uid, (None, None))
+
+    def _speculating(self) -> bool:
+        """Whether this step decodes the one running request speculatively (leaving the batch if needed)."""
+        if self._solo is not None:
+            return True
+        if len(self._slots) != 1 or self._waiting:
+            return False
+        import speculate
+
+        slot = next(iter(self._slots.values()))
+        if not slot.t_first or (slot.spec is not None and not slot.spec.ready(len(slot.generated))):
+            return False
+        settings = speculate.settings_of(self.model)
+        # A vision request's cache carries its image positions: it stays in the batch.
+        plain = self.model.kind == "text" and slot.request.media is None
+        n_draft = speculate.draft_length(settings, slot.request) if plain and speculate.trimmable(self.model) else 0
+        if n_draft <= 0:
+            slot.spec = speculate.Track.never()  # decided once for this request
+            return False
+        cache, _ = self._text.remove([slot.uid], keep_cache=True).get(slot.uid, (None, None))
+        context = slot.request.prompt + slot.generated
+        self._solo = speculate.Solo(self.model, settings, slot, cache, context,
+                                    slot.request.max_tokens - len(slot.generated), n_draft, self._stream)
+        return True
+
+    def _solo_step(self) -> int:
+        solo, slot, done = self._solo, self._solo.slot, 0
+        try:
+            for r in solo.step():
+                done += 1
+                self._token(slot, r)
+                if slot.done or slot.error is not None:
+                    break
+        except Exception as e:  # this request alone: nothing else runs
+            log.exception("request %d: speculative step failed", slot.request.id)
+            slot.error = slot.error or EngineError("INTERNAL", f"request failed: {type(e).__name__}: {e}")
+        if self._solo is solo and solo.wants_batch and slot.error is None:
+            self._rejoin()
+        return done
+
+    def _rejoin(self) -> None:
+        solo, self._solo = self._solo, None
+        slot = solo.slot
+        self._slots.pop(slot.uid, None)
+        slot.uid = solo.rejoin(self._text.gen, lambda e, slot=slot: self._sampling_failed(slot, e))
+        self._slots[slot.uid] = slot
 
     def _fail_running(self, error: EngineError) -> None:
         """The batch itself failed: its requests end with `error`, waiting ones start afresh."""
@@ -526,6 +594,7 @@ class Engine:
 
     def _reset_batch(self) -> None:
         self._slots.clear()
+        self._solo = None
         if self._text is not None:
             self._text.close()
         self._text = None

@@ -219,6 +219,11 @@ def build_request(lm, opts) -> Request:
     if source is not None:
         grammar_fault = _fault_step(meta, "grammar_fault_at_token") if faults and "grammar_fault_at_token" in meta else -1
         extra.append(grammar.compile_processor(lm, *source, fault_at=grammar_fault))
+    if not 0 <= opts.NDraft <= 32:
+        raise OptionError(f"NDraft: must be within [0, 32] (0: the model's default), got {opts.NDraft}")
+    n_draft = opts.NDraft or None
+    if "speculation" in meta:  # per request: off, or on with the model's settings
+        n_draft = n_draft if parse_bool("Metadata.speculation", meta["speculation"]) else 0
     tools = parse_tools(opts.Tools)
     text, tokens, media = media_prompt(lm, opts, tools)
     if not text:  # TokenizeString takes the empty prompt; generating from nothing is refused
@@ -235,6 +240,5 @@ def build_request(lm, opts) -> Request:
                    stops=[s for s in opts.StopPrompts if s], model_epoch=lm.epoch, fault=fault,
                    label=opts.CorrelationId, ignore_eos=opts.IgnoreEOS,
                    logprobs=opts.Logprobs > 0 or opts.TopLogprobs > 0,
-                   top_logprobs=opts.TopLogprobs, processors=extra,
-                   media=media,
+                   top_logprobs=opts.TopLogprobs, processors=extra, n_draft=n_draft, media=media,
                    router=OutputRouter.for_tokenizer(lm.tokenizer, tools, text))

@@ -43,12 +43,14 @@ def _xtc(logprobs: mx.array, probability: float, threshold: float, special: List
     return mx.where(apply, mx.where(mask, -mx.inf, logprobs), logprobs)
 
 
-def make_sampler(p: SamplingParams, vocab_size: int) -> Optional[Callable]:
+def make_sampler(p: SamplingParams, vocab_size: int, position: int = 0) -> Optional[Callable]:
     """None for greedy (the batch then shares one argmax over all rows).
 
     mlx-lm's make_sampler draws from the process-wide random state, so one
-    request's seed would depend on every other request; this one carries its
-    own key, split at each step.
+    request's seed would depend on every other request; this one draws the
+    n-th token of a request with a key made from (seed, n), so the same seed
+    gives the same text alone, in a batch, or with speculation (which draws
+    several positions at once and then rewinds `position`).
     """
     if p.greedy:
         return None
@@ -61,17 +63,21 @@ def make_sampler(p: SamplingParams, vocab_size: int) -> Optional[Callable]:
         filters.append(lambda x, k: _xtc(x, p.xtc_probability, p.xtc_threshold, p.xtc_special_tokens, k))
     if 0 < p.top_k < vocab_size:
         filters.append(lambda x, k: apply_top_k(x, p.top_k))
-    key = mx.random.key(p.seed)
-    inv_temp = 1.0 / p.temperature
+    return PositionSampler((p.seed & 0xFFFFFFFF) << 32, filters, 1.0 / p.temperature, position)
 
-    def sample(logprobs: mx.array) -> mx.array:
-        nonlocal key
-        key, filter_key, draw_key = mx.random.split(key, 3)
-        for f in filters:
+
+class PositionSampler:
+    """Draws the token at `position` with its own key; each call moves on by one."""
+
+    def __init__(self, base: int, filters: List[Callable], inv_temp: float, position: int = 0):
+        self.base, self.filters, self.inv_temp, self.position = base, filters, inv_temp, position
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        filter_key, draw_key = mx.random.split(mx.random.key(self.base | (self.position & 0xFFFFFFFF)))
+        self.position += 1
+        for f in self.filters:
             logprobs = f(logprobs, filter_key)
-        return mx.random.categorical(logprobs * inv_temp, key=draw_key)
-
-    return sample
+        return mx.random.categorical(logprobs * self.inv_temp, key=draw_key)
 
 
 def make_processors(p: SamplingParams, extra: Optional[List[Callable]] = None) -> List[Callable]:

@@ -1,0 +1,78 @@
+"""Speculative decoding settings of a loaded model, and its draft model (loader thread).
+
+Options (ModelOptions.Options): `speculation:off|lookup|draft` (default: draft
+when ModelOptions.DraftModel is set, else lookup), `n_draft` (tokens proposed
+per step; a request's NDraft wins), `ngram_size` (longest n-gram prompt lookup
+matches, default 3) and `ngram_min` (shortest, default 1).
+"""
+
+from dataclasses import dataclass
+from typing import Any, Dict
+
+from common.python_utils import OptionError, option_int
+
+MODES = ("off", "lookup", "draft")
+MAX_DRAFT = 32  # a verification pass over more tokens than this costs more than it can win
+DEFAULT_DRAFT = {"lookup": 6, "draft": 3}
+
+
+@dataclass
+class Settings:
+    mode: str = "lookup"
+    n_draft: int = DEFAULT_DRAFT["lookup"]
+    ngram_max: int = 3
+    ngram_min: int = 1
+    draft: Any = None  # the draft model's LoadedModel, mode "draft" only
+
+
+def parse(options: Dict[str, Any], draft_model: str = "") -> Settings:
+    """The settings a LoadModel asks for; OptionError names the bad one."""
+    mode = str(options.get("speculation", "draft" if draft_model else "lookup")).lower()
+    if mode in ("false", "none", "0"):
+        mode = "off"
+    if mode not in MODES:
+        raise OptionError(f"option speculation: expected one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "draft" and not draft_model:
+        raise OptionError("option speculation:draft needs ModelOptions.DraftModel")
+    n_draft = option_int(options, "n_draft", DEFAULT_DRAFT.get(mode, 0), minimum=1)
+    if n_draft > MAX_DRAFT:
+        raise OptionError(f"option n_draft: must be <= {MAX_DRAFT}, got {n_draft}")
+    ngram_max = option_int(options, "ngram_size", 3, minimum=1)
+    ngram_min = option_int(options, "ngram_min", 1, minimum=1)
+    if ngram_min > ngram_max:
+        raise OptionError(f"option ngram_min: must be <= ngram_size ({ngram_max}), got {ngram_min}")
+    return Settings(mode=mode, n_draft=n_draft, ngram_max=ngram_max, ngram_min=ngram_min)
+
+
+def same_vocabulary(a, b) -> bool:
+    """Whether two tokenizers map every token to the same id (drafts are exchanged as ids)."""
+    try:
+        return a.get_vocab() == b.get_vocab()
+    except (AttributeError, NotImplementedError):
+        return len(a) == len(b)
+
+
+def attach(lm, settings: Settings, spec, draft_model: str):
+    """Load the draft model (same loaders, same dtype rule) and hang the settings on `lm`."""
+    import model_loader
+
+    if settings.mode == "draft":
+        draft_spec = model_loader.LoadSpec(
+            model=draft_model, model_path=spec.model_path, dtype=spec.dtype,
+            context_size=lm.context_size, trust_remote_code=spec.trust_remote_code)
+        try:
+            settings.draft = model_loader.load(draft_spec)
+        except model_loader.ModelNotFound as e:
+            raise model_loader.ModelNotFound(f"DraftModel: {e}") from None
+        except model_loader.ModelLoadError as e:
+            raise model_loader.ModelLoadError(f"DraftModel: {e}") from None
+        if not same_vocabulary(lm.tokenizer, settings.draft.tokenizer):
+            raise model_loader.ModelLoadError(
+                f"DraftModel: {settings.draft.source} does not share the vocabulary of {lm.source} "
+                "(a draft model must use the same tokenizer)")
+    lm.derived["speculation"] = settings
+    return lm
+
+
+def settings_of(lm) -> Settings:
+    return lm.derived.get("speculation") or Settings()
