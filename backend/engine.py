@@ -547,8 +547,9 @@ class Engine:
         if not slot.t_first or (slot.spec is not None and not slot.spec.ready(len(slot.generated))):
             return False
         settings = speculate.settings_of(self.model)
-        # A vision request's cache carries its image positions: it stays in the batch.
-        plain = self.model.kind == "text" and slot.request.media is None
+        # A vision request's cache carries its image positions, and with a KV cache type a
+        # verification pass (its chunk attends in float) would not be bit-exact: both stay in the batch.
+        plain = self.model.kind == "text" and slot.request.media is None and self.model.kv is None
         n_draft = speculate.draft_length(settings, slot.request) if plain and speculate.trimmable(self.model) else 0
         if n_draft <= 0:
             slot.spec = speculate.Track.never()  # decided once for this request
