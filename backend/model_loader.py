@@ -184,7 +184,8 @@ def _cast(model, dtype: str) -> None:
     mx.eval(model.parameters())
 
 
-def load(spec: LoadSpec) -> LoadedModel:
+def load(spec: LoadSpec, shard=None) -> LoadedModel:
+    """`shard(model, config)`, when given, splits the model over ranks (lockstep) before it is evaluated."""
     import mlx.core as mx
     from mlx_lm import load as mlx_lm_load
 
@@ -214,7 +215,7 @@ def load(spec: LoadSpec) -> LoadedModel:
         log.info("fetching %s through mlx-lm (hub)", source)
     try:
         model, tokenizer, config = mlx_lm_load(
-            path, return_config=True, trust_remote_code=spec.trust_remote_code)
+            path, return_config=True, trust_remote_code=spec.trust_remote_code, lazy=shard is not None)
     except FileNotFoundError as e:
         raise ModelLoadError(f"{source}: {e}") from None
     except Exception as e:  # hub and format errors arrive as many types
@@ -223,6 +224,8 @@ def load(spec: LoadSpec) -> LoadedModel:
     dtype = _choose_dtype(spec.dtype, model)
     if dtype:
         _cast(model, dtype)
+    if shard is not None:
+        shard(model, config)
     _materialize(model)
     ctx = spec.context_size or int(config.get("max_position_embeddings")
                                    or config.get("text_config", {}).get("max_position_embeddings") or 4096)
