@@ -118,11 +118,17 @@ def check_shardable(model, config: Dict[str, Any], n: int) -> None:
         raise ModelLoadError(f"{kind} cannot be split over {n} ranks: {', '.join(bad)} do not divide by {n}")
 
 
-def _sharder(group: Group):
-    def shard(model, config):
-        check_shardable(model, config, group.size)
-        model.shard(group.mx_group)
-    return shard
+class _Sharder:
+    """model_loader's hook: this rank's slice of every split layer (tensor parallel)."""
+
+    def __init__(self, group: Group):
+        self.group = group
+
+    def check(self, model, config) -> None:
+        check_shardable(model, config, self.group.size)
+
+    def __call__(self, model, config) -> None:
+        model.shard(self.group.mx_group)
 
 
 # ---- frames ----------------------------------------------------------------------
@@ -299,7 +305,7 @@ class Leader:
             own: Optional[BaseException] = None
             lm = None
             try:
-                lm = model_loader.load(spec, shard=_sharder(self.group))
+                lm = model_loader.load(spec, shard=_Sharder(self.group))
             except Exception as e:
                 own = e
             failures = []
@@ -570,7 +576,7 @@ class Follower:
         import model_loader
 
         try:
-            lm = model_loader.load(model_loader.LoadSpec(**spec), shard=_sharder(self.group))
+            lm = model_loader.load(model_loader.LoadSpec(**spec), shard=_Sharder(self.group))
             with self._pending_lock:
                 self._pending[load_id] = lm
             reply = {"k": "loaded", "id": load_id, "ok": True}

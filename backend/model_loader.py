@@ -185,7 +185,8 @@ def _cast(model, dtype: str) -> None:
 
 
 def load(spec: LoadSpec, shard=None) -> LoadedModel:
-    """`shard(model, config)`, when given, splits the model over ranks (lockstep) before it is evaluated."""
+    """`shard(model, config)`, when given, splits the model over ranks (lockstep) before it is evaluated;
+    `shard.check(model, config)` refuses, first of all, a model that cannot be split."""
     import mlx.core as mx
     from mlx_lm import load as mlx_lm_load
 
@@ -221,6 +222,8 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
     except Exception as e:  # hub and format errors arrive as many types
         raise ModelLoadError(f"{source}: {type(e).__name__}: {e}") from None
 
+    if shard is not None:
+        shard.check(model, config)  # a model that cannot be split is refused before anything is evaluated
     dtype = _choose_dtype(spec.dtype, model)
     if dtype:
         _cast(model, dtype)

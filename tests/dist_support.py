@@ -36,11 +36,11 @@ def tiny_llama_dir(target: Path, heads: int = 4, kv_heads: int = 2, seed: int = 
     config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
               "num_attention_heads": heads, "num_key_value_heads": kv_heads, "rms_norm_eps": 1e-5,
               "vocab_size": 49152, "rope_theta": 10000.0, "max_position_embeddings": 2048,
-              "tie_word_embeddings": True, "eos_token_id": [2]}
+              "tie_word_embeddings": False, "eos_token_id": [2]}
     mx.random.seed(seed)
     model = llama.Model(llama.ModelArgs.from_dict(config))
-    # Larger embeddings than the default init: logits far apart, so no near-ties for greedy decoding.
-    model.model.embed_tokens.weight = mx.random.normal(model.model.embed_tokens.weight.shape) * 0.5
+    # A head of its own and wide weights: varied text, and logits far apart (no near-ties for greedy).
+    model.lm_head.weight = mx.random.normal(model.lm_head.weight.shape) * 0.5
     mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
     (tmp / "config.json").write_text(json.dumps(config))
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
