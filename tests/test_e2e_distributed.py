@@ -9,7 +9,6 @@ all_sum adds the halves in another order than one matmul does).
 import json
 import os
 import signal
-import threading
 import time
 
 import grpc
@@ -181,3 +180,53 @@ def test_killing_rank1_mid_stream_fails_the_stream_and_ends_rank0(models, log_di
     finally:
         g.stop()
     assert all(p.poll() is not None for p in g.procs)
+
+
+@pytest.fixture
+def veth_hosts():
+    """(ips, command prefixes): rank 0 here, rank 1 in a network namespace of its own, joined by a veth pair."""
+    import subprocess
+
+    tag = f"{os.getpid() % 100000}"
+    ns, here, there = f"mlxdist{tag}", f"mxa{tag}", f"mxb{tag}"
+    ips = ["10.231.7.1", "10.231.7.2"]
+    steps = [["ip", "netns", "add", ns],
+             ["ip", "link", "add", here, "type", "veth", "peer", "name", there],
+             ["ip", "link", "set", there, "netns", ns],
+             ["ip", "addr", "add", f"{ips[0]}/24", "dev", here], ["ip", "link", "set", here, "up"],
+             ["ip", "netns", "exec", ns, "ip", "addr", "add", f"{ips[1]}/24", "dev", there],
+             ["ip", "netns", "exec", ns, "ip", "link", "set", there, "up"],
+             ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"]]
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True, timeout=20)
+    except (OSError, subprocess.SubprocessError) as e:
+        detail = getattr(e, "stderr", b"") or b""
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        pytest.skip(f"cannot create a network namespace with a veth pair here (root and iproute2 needed): "
+                    f"{e} {detail.decode(errors='replace').strip()}")
+    try:
+        yield ips, [[], ["ip", "netns", "exec", ns]]
+    finally:
+        subprocess.run(["ip", "link", "del", here], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def test_two_hosts_over_a_veth_pair(veth_hosts, models, single, log_dir):
+    ips, prefix = veth_hosts
+    g = RankGroup(2, log_dir, env=ENV, ips=ips, prefix=prefix, log_name="dist-veth")
+    try:
+        g.wait_healthy(180)
+        assert g.load(models[0]).success
+        if not single.load(models[0]).success:
+            pytest.fail("the single process could not load the model back")
+        prompts = [greedy(p, 12) for p in ("Over the wire", "Two hosts")]
+        got = run_threads([lambda p=p: run(g.stub, p) for p in prompts])
+        for got_one, p in zip(got, prompts):
+            assert not isinstance(got_one, grpc.RpcError), got_one
+            assert_same(got_one, run(single.stub, p))
+        g.proc.send_signal(signal.SIGTERM)
+        assert g.wait_all_exited(30)
+        assert [p.returncode for p in g.procs] == [0, 0]
+    finally:
+        g.stop()
