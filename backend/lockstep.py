@@ -386,7 +386,12 @@ class RecordingBatch:
 
     def save(self, tokens, cache):
         named = self._names.get(id(cache))
-        if named is not None and named[1] is cache and tokens:
+        if named is None or named[1] is not cache:
+            # A cache the followers cannot name: kept nowhere, so every rank's prefix cache stays the same.
+            if cache is not None and tokens:
+                log.warning("a prompt cache entry of unknown origin was not kept")
+            return
+        if tokens:
             self.journal.append({"k": "save", "from": named[0]})
         self.inner.save(tokens, cache)
 

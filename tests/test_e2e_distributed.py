@@ -85,6 +85,7 @@ def test_greedy_tokens_and_logprobs_match_one_process(group, single):
         want = run(single.stub, opts)
         assert want[1], "the oracle produced no tokens"
         assert_same(run(group.stub, opts), want)
+        assert_same(run(group.stub, opts), want)  # again, from every rank's prefix cache
 
 
 def test_seeded_sampling_matches_one_process(group, single):
@@ -228,5 +229,25 @@ def test_two_hosts_over_a_veth_pair(veth_hosts, models, single, log_dir):
         g.proc.send_signal(signal.SIGTERM)
         assert g.wait_all_exited(30)
         assert [p.returncode for p in g.procs] == [0, 0]
+    finally:
+        g.stop()
+
+
+@pytest.mark.skipif(os.environ.get("MLX_BACKEND_DIST_QWEN") != "1",
+                    reason="slow (~1 tok/s over 2 ranks on a 2-core CPU): set MLX_BACKEND_DIST_QWEN=1")
+def test_qwen_coder_over_two_ranks_matches_one_process(log_dir):
+    from models import qwen_coder_gguf
+
+    path = qwen_coder_gguf()  # 14 attention heads, 2 KV heads: 7 and 1 per rank
+    opts = chat("Write a Python function that adds two numbers.", Tokens=6, Temperature=0.0, Logprobs=1)
+    with Backend(log_path=str(log_dir / "dist-qwen-single.log")) as single_qwen:
+        assert single_qwen.load(path).success
+        want = run(single_qwen.stub, opts)
+    g = RankGroup(2, log_dir, log_name="dist-qwen")
+    try:
+        g.wait_healthy(180)
+        result = g.load(path)
+        assert result.success, result.message
+        assert_same(run(g.stub, opts), want)
     finally:
         g.stop()
