@@ -255,8 +255,8 @@ class Leader:
                 return
             self.lost = f"rank {rank}: {why}"
         log.critical("lost %s", self.lost)
-        for futures in self._loads.values():
-            for f in futures.values():
+        for futures in list(self._loads.values()):
+            for f in list(futures.values()):
                 if not f.done():
                     f.set_exception(EngineError("UNAVAILABLE", f"mlx: lost {self.lost}"))
         if self.on_lost is not None:

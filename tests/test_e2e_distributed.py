@@ -213,9 +213,10 @@ def veth_hosts():
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-def test_two_hosts_over_a_veth_pair(veth_hosts, models, single, log_dir):
+def test_two_hosts_over_a_veth_pair_then_a_rank_stops_answering(veth_hosts, models, single, log_dir):
     ips, prefix = veth_hosts
-    g = RankGroup(2, log_dir, env=ENV, ips=ips, prefix=prefix, log_name="dist-veth")
+    g = RankGroup(2, log_dir, env=dict(ENV, MLX_BACKEND_RANK_TIMEOUT="5"), ips=ips, prefix=prefix,
+                  log_name="dist-veth")
     try:
         g.wait_healthy(180)
         assert g.load(models[0]).success
@@ -226,9 +227,23 @@ def test_two_hosts_over_a_veth_pair(veth_hosts, models, single, log_dir):
         for got_one, p in zip(got, prompts):
             assert not isinstance(got_one, grpc.RpcError), got_one
             assert_same(got_one, run(single.stub, p))
-        g.proc.send_signal(signal.SIGTERM)
+        # Rank 1 freezes: rank 0's engine waits in a collective that never ends; the heartbeat
+        # watchdog fails the stream, names the rank and ends rank 0 anyway.
+        stream = g.stub.PredictStream(greedy("Count with me:", 1800), timeout=120)
+        next(stream)
+        started = time.monotonic()
+        os.kill(g.followers[0].pid, signal.SIGSTOP)
+        with pytest.raises(grpc.RpcError) as e:
+            for _ in stream:
+                pass
+        assert time.monotonic() - started < 40
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "rank 1" in e.value.details(), e.value
+        deadline = time.monotonic() + 30
+        while g.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert g.proc.returncode not in (0, None)
+        os.kill(g.followers[0].pid, signal.SIGCONT)  # woken, it finds rank 0 gone and ends
         assert g.wait_all_exited(30)
-        assert [p.returncode for p in g.procs] == [0, 0]
     finally:
         g.stop()
 
