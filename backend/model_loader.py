@@ -153,6 +153,10 @@ def _choose_dtype(requested: str, model) -> Optional[str]:
     return "float32" if f32_bytes <= total // 4 else None
 
 
+def _quantized(model) -> bool:
+    return any("scales" in m for m in model.modules())
+
+
 def _materialize(model) -> None:
     """Evaluate every array the model holds, private ones (rope tables) included."""
     import mlx.core as mx
@@ -185,7 +189,7 @@ def _cast(model, dtype: str) -> None:
 
 
 def load(spec: LoadSpec, shard=None) -> LoadedModel:
-    """`shard(model, config)`, when given, splits the model over ranks (lockstep) before it is evaluated;
+    """`shard(model, config)`, when given, splits the model over ranks (lockstep);
     `shard.check(model, config)` refuses, first of all, a model that cannot be split."""
     import mlx.core as mx
     from mlx_lm import load as mlx_lm_load
@@ -222,12 +226,17 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
     except Exception as e:  # hub and format errors arrive as many types
         raise ModelLoadError(f"{source}: {type(e).__name__}: {e}") from None
 
-    if shard is not None:
-        shard.check(model, config)  # a model that cannot be split is refused before anything is evaluated
     dtype = _choose_dtype(spec.dtype, model)
+    # Split before anything is evaluated, so a rank only ever reads its slice; a quantized
+    # model cast to float is split after the cast (the split layers cannot be dequantized).
+    late = shard is not None and dtype and _quantized(model)
+    if shard is not None:
+        shard.check(model, config)  # a model that cannot be split is refused first
+        if not late:
+            shard(model, config)
     if dtype:
         _cast(model, dtype)
-    if shard is not None:
+    if late:
         shard(model, config)
     _materialize(model)
     ctx = spec.context_size or int(config.get("max_position_embeddings")

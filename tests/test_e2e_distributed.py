@@ -258,11 +258,18 @@ def test_qwen_coder_over_two_ranks_matches_one_process(log_dir):
     with Backend(log_path=str(log_dir / "dist-qwen-single.log")) as single_qwen:
         assert single_qwen.load(path).success
         want = run(single_qwen.stub, opts)
+        whole = single_qwen.stub.Status(backend_pb2.HealthMessage(), timeout=10).memory.breakdown["active"]
     g = RankGroup(2, log_dir, log_name="dist-qwen")
     try:
         g.wait_healthy(180)
         result = g.load(path)
         assert result.success, result.message
         assert_same(run(g.stub, opts), want)
+        time.sleep(2)  # rank 1's figures come with its heartbeat
+        mem = g.stub.Status(backend_pb2.HealthMessage(), timeout=10).memory.breakdown
+        print(f"one process {whole / 1e6:.0f} MB; per rank {mem['rank0_active'] / 1e6:.0f} / "
+              f"{mem['rank1_active'] / 1e6:.0f} MB, peak {mem['peak'] / 1e6:.0f} / {mem['rank1_peak'] / 1e6:.0f} MB")
+        # The layers are split, the embeddings (a quarter of this model) are not.
+        assert max(mem["rank0_active"], mem["rank1_active"]) < 0.8 * whole
     finally:
         g.stop()
