@@ -42,7 +42,7 @@ bench: install-test
 	$(PY) tests/bench.py
 
 bench-distributed: install-test
-	$(PY) tests/bench_distributed.py
+	$(PY) tests/bench_distributed.py $(BENCH_ARGS)
 
 soak: install-test
 	SOAK_REQUESTS=300 $(PYTEST) -q -s tests/test_soak.py
