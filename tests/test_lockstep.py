@@ -7,7 +7,7 @@ import threading
 import pytest
 from hypothesis import given, settings, strategies as st
 
-import lockstep
+from lockstep import group, wire
 from model_loader import ModelLoadError
 from sampling import SamplingParams
 
@@ -33,15 +33,15 @@ def _tagged(*spec):
        st.booleans())
 def test_an_admission_survives_the_wire(params, prompt, max_tokens, ignore_eos, direct):
     extra = [_tagged("grammar", "start: /[0-9]+/", "Grammar", -1), _tagged("fault_at", 3)]
-    op = json.loads(json.dumps(lockstep.admit_wire(prompt, max_tokens, params, extra, ignore_eos, direct)))
-    assert lockstep.sampling_from_wire(op["sampling"]) == params
+    op = json.loads(json.dumps(wire.admit_wire(prompt, max_tokens, params, extra, ignore_eos, direct)))
+    assert wire.sampling_from_wire(op["sampling"]) == params
     assert (op["prompt"], op["max"], op["eos"], op["direct"]) == (prompt, max_tokens, ignore_eos, direct)
     assert op["extra"] == [["grammar", "start: /[0-9]+/", "Grammar", -1], ["fault_at", 3]]
 
 
 def test_a_processor_without_its_source_is_refused():
     with pytest.raises(RuntimeError, match="cannot be rebuilt"):
-        lockstep.admit_wire([1], 4, SamplingParams(), [lambda t, x: x], False, False)
+        wire.admit_wire([1], 4, SamplingParams(), [lambda t, x: x], False, False)
 
 
 @settings(max_examples=30, deadline=None)
@@ -51,14 +51,14 @@ def test_frames_arrive_whole_and_in_order(messages):
     a, b = socket.socketpair()
     lock = threading.Lock()
     try:
-        sender = threading.Thread(target=lambda: [lockstep._send(a, lock, m) for m in messages])
+        sender = threading.Thread(target=lambda: [wire.send_frame(a, lock, m) for m in messages])
         sender.start()
-        got = [lockstep._recv(b) for _ in messages]
+        got = [wire.recv_frame(b) for _ in messages]
         sender.join()
         assert got == messages
         a.close()
         with pytest.raises(ConnectionError):
-            lockstep._recv(b)
+            wire.recv_frame(b)
     finally:
         a.close()
         b.close()
@@ -84,13 +84,13 @@ def test_the_split_check(dims, named):
     heads, kv, width, n = dims
     config = {"model_type": "m", "num_attention_heads": heads, "num_key_value_heads": kv, "intermediate_size": width}
     if not named:
-        lockstep.check_shardable(_Shardable(), config, n)
+        group.check_shardable(_Shardable(), config, n)
         return
     with pytest.raises(ModelLoadError) as e:
-        lockstep.check_shardable(_Shardable(), config, n)
+        group.check_shardable(_Shardable(), config, n)
     assert f"cannot be split over {n} ranks: {', '.join(named)} do not divide by {n}" in str(e.value)
 
 
 def test_an_architecture_without_tensor_parallelism_is_refused():
     with pytest.raises(ModelLoadError, match="no tensor parallelism"):
-        lockstep.check_shardable(object(), {"model_type": "m", "num_attention_heads": 4}, 2)
+        group.check_shardable(object(), {"model_type": "m", "num_attention_heads": 4}, 2)
