@@ -3,7 +3,7 @@ PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 ADDR ?= 127.0.0.1:50051
 
-.PHONY: install install-test protogen serve demo smoke unit e2e test bench bench-adapt bench-vision bench-spec soak localai-backend clean
+.PHONY: install install-test protogen serve serve-distributed demo smoke unit e2e test bench bench-adapt bench-vision bench-spec bench-distributed soak localai-backend clean
 
 install:
 	./install.sh
@@ -16,6 +16,11 @@ protogen: install
 
 serve: install
 	$(PY) backend/backend.py --addr $(ADDR)
+
+# One model over RANKS local processes (ring backend on loopback); rank 0 serves ADDR.
+RANKS ?= 2
+serve-distributed: install
+	.venv/bin/mlx.launch --backend ring -n $(RANKS) --python $(abspath $(PY)) backend/backend.py --addr $(ADDR)
 
 demo: install
 	$(PY) backend/demo.py
@@ -42,6 +47,8 @@ bench-vision: install-test
 	$(PY) tests/bench_vision.py
 bench-spec: install-test
 	$(PY) tests/bench_spec.py
+bench-distributed: install-test
+	$(PY) tests/bench_distributed.py $(BENCH_ARGS)
 
 soak: install-test
 	SOAK_REQUESTS=300 $(PYTEST) -q -s tests/test_soak.py

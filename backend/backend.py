@@ -33,6 +33,7 @@ from common import auth, parent_watch  # noqa: E402
 from common.mlx_utils import Delta, ToolCall  # noqa: E402
 from common.python_utils import OptionError, option_bool, option_int, parse_options  # noqa: E402
 import adapt_options  # noqa: E402
+import lockstep  # noqa: E402
 import model_loader  # noqa: E402
 import prepare  # noqa: E402
 import spec_config  # noqa: E402
@@ -131,6 +132,8 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             free_first = option_bool(options, "free_before_load", False)
             config = self._engine_config(options)
             speculation = spec_config.parse(options, request.DraftModel)
+            if speculation.mode == "draft" and hasattr(self.engine, "load_model"):
+                raise OptionError("DraftModel: a draft model is not served across ranks")
         except OptionError as e:
             return backend_pb2.Result(success=False, message=f"invalid option: {e}")
         async with self.load_lock:
@@ -138,7 +141,8 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
                 if free_first:  # for machines that cannot hold two models at once
                     await asyncio.wrap_future(self.engine.swap(None))
                 # The old model keeps serving while the new one loads on its own thread.
-                lm = await asyncio.get_running_loop().run_in_executor(self.loader, model_loader.load, spec)
+                load = getattr(self.engine, "load_model", model_loader.load)  # lockstep: on every rank
+                lm = await asyncio.get_running_loop().run_in_executor(self.loader, load, spec)
                 lm = await asyncio.get_running_loop().run_in_executor(
                     self.loader, spec_config.attach, lm, speculation, spec, request.DraftModel)
                 await asyncio.wrap_future(self.engine.swap(lm, config))
@@ -314,7 +318,7 @@ async def standard_services(server, engine: Engine, loop) -> "grpc_health.aio.He
     return health
 
 
-async def serve(addr: str) -> None:
+async def serve(addr: str, group=None) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     # Watch the parent first, so a host that dies while we start up is noticed.
@@ -328,7 +332,7 @@ async def serve(addr: str) -> None:
         watcher = parent_watch.start_parent_watch(
             lambda: loop.call_soon_threadsafe(stop.set), interval, force_exit_after=grace + ENGINE_STOP_S + 2.0)
 
-    engine = Engine()
+    engine = Engine() if group is None else lockstep.LockstepEngine(group)
     interceptors = auth.server_interceptors()
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -374,7 +378,10 @@ def main(argv=None) -> None:
     # The engine thread's Python work between MLX calls holds the GIL for up to
     # one switch interval (5 ms by default): a shorter one keeps Health snappy.
     sys.setswitchinterval(0.001)
-    asyncio.run(serve(args.addr))
+    group = lockstep.join() if lockstep.wanted() else None  # under mlx.launch: one rank of a group
+    if group is not None and group.rank > 0:
+        lockstep.follow(group)  # no port: replays rank 0's steps until rank 0 stops
+    asyncio.run(serve(args.addr, group))
     # Everything has stopped. Skip the interpreter's teardown: MLX's native one can
     # abort ("terminate called without an active exception") while threads that
     # used it are being torn down, turning a clean stop into SIGABRT.

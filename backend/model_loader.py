@@ -163,6 +163,10 @@ def _choose_dtype(requested: str, model) -> Optional[str]:
     return "float32" if f32_bytes <= total // 4 else None
 
 
+def _quantized(model) -> bool:
+    return any("scales" in m for m in model.modules())
+
+
 def _materialize(model) -> None:
     """Evaluate every array the model holds, private ones (rope tables) included."""
     import mlx.core as mx
@@ -218,7 +222,9 @@ def describe_adaptation(lm: LoadedModel) -> str:
             + (f", KV cache {lm.kv.describe()} ({lm.kv_bytes_per_token} bytes/token)" if lm.kv else ""))
 
 
-def load(spec: LoadSpec) -> LoadedModel:
+def load(spec: LoadSpec, shard=None) -> LoadedModel:
+    """`shard(model, config)`, when given, splits the model over ranks (lockstep);
+    `shard.check(model, config)` refuses, first of all, a model that cannot be split."""
     import mlx.core as mx
     from mlx_lm import load as mlx_lm_load
 
@@ -227,6 +233,8 @@ def load(spec: LoadSpec) -> LoadedModel:
 
     if spec.dtype not in DTYPES:
         raise ModelLoadError(f"dtype {spec.dtype!r} is not one of {', '.join(DTYPES)}")
+    if shard is not None and (spec.adapters or spec.kv):  # the ranks' slices take neither yet
+        raise ModelLoadError("LoRA adapters and KV cache types are not served across ranks")
     started = time.monotonic()
     source = resolve(spec)
     for path, _ in spec.adapters:  # a wrong path fails before the model loads
@@ -249,6 +257,8 @@ def load(spec: LoadSpec) -> LoadedModel:
         if _is_vision(Path(source)):  # by config: each library would load the other's models wrongly
             from vision_model import load_vision
 
+            if shard is not None:
+                raise ModelLoadError(f"{source}: vision models are not served across ranks")
             if spec.adapters or spec.kv:  # never ignored silently
                 raise ModelLoadError(f"{source}: LoRA adapters and KV cache types are served for text models only")
             return load_vision(spec, source, started)
@@ -258,16 +268,26 @@ def load(spec: LoadSpec) -> LoadedModel:
         log.info("fetching %s through mlx-lm (hub)", source)
     try:
         model, tokenizer, config = mlx_lm_load(
-            path, return_config=True, trust_remote_code=spec.trust_remote_code)
+            path, return_config=True, trust_remote_code=spec.trust_remote_code, lazy=shard is not None)
     except FileNotFoundError as e:
         raise ModelLoadError(f"{source}: {e}") from None
     except Exception as e:  # hub and format errors arrive as many types
         raise ModelLoadError(f"{source}: {type(e).__name__}: {e}") from None
 
     dtype = _choose_dtype(spec.dtype, model)
+    # Split before anything is evaluated, so a rank only ever reads its slice; a quantized
+    # model cast to float is split after the cast (the split layers cannot be dequantized).
+    late = shard is not None and dtype and _quantized(model)
+    if shard is not None:
+        shard.check(model, config)  # a model that cannot be split is refused first
+        if not late:
+            shard(model, config)
     if dtype:
         _cast(model, dtype)
-    extras = _adapt(model, spec)
+    if late:
+        shard(model, config)
+    # The probe in _adapt runs the model: a split one would run collectives on this thread.
+    extras = _adapt(model, spec) if shard is None else {}
     _materialize(model)
     ctx = spec.context_size or int(config.get("max_position_embeddings")
                                    or config.get("text_config", {}).get("max_position_embeddings") or 4096)

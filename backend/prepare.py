@@ -198,6 +198,12 @@ def _injected_fault(limit: int):
     return processor
 
 
+def _rebuildable(processor, *spec):
+    """Tag a logits processor with how to build it again, for the other ranks of a group (lockstep)."""
+    processor.remote = spec
+    return processor
+
+
 def build_request(lm, opts) -> Request:
     if opts.Tokens < 0:
         raise OptionError(f"Tokens: must be >= 0 (0 means until the end of the sequence), got {opts.Tokens}")
@@ -210,7 +216,8 @@ def build_request(lm, opts) -> Request:
     extra, fault, meta = [], "", dict(opts.Metadata)
     faults = os.environ.get("MLX_BACKEND_FAULT_INJECTION") == "1"
     if faults and "fault_at_token" in meta:
-        extra.append(_injected_fault(_fault_step(meta, "fault_at_token")))
+        extra.append(_rebuildable(_injected_fault(_fault_step(meta, "fault_at_token")),
+                                  "fault_at", _fault_step(meta, "fault_at_token")))
     if faults and meta.get("fault") in FAULT_SITES:
         fault = meta["fault"]
     import grammar
@@ -218,7 +225,8 @@ def build_request(lm, opts) -> Request:
     source = grammar.grammar_source(opts.Grammar, meta)
     if source is not None:
         grammar_fault = _fault_step(meta, "grammar_fault_at_token") if faults and "grammar_fault_at_token" in meta else -1
-        extra.append(grammar.compile_processor(lm, *source, fault_at=grammar_fault))
+        extra.append(_rebuildable(grammar.compile_processor(lm, *source, fault_at=grammar_fault),
+                                  "grammar", *source, grammar_fault))
     if not 0 <= opts.NDraft <= 32:
         raise OptionError(f"NDraft: must be within [0, 32] (0: the model's default), got {opts.NDraft}")
     n_draft = opts.NDraft or None

@@ -1,0 +1,27 @@
+"""One model served by several processes (ranks) in lockstep, tensor-parallel.
+
+Started under `mlx.launch --backend ring` (or with the ring backend's
+hostfile environment set by hand), every rank runs backend.py. Rank 0 serves
+gRPC with the ordinary Engine, whose text batch is wrapped so that every call
+that changes it is written to a journal; the other ranks (followers) open no
+port and replay that journal on their own TextBatch, call for call. The model
+is split across ranks with mlx-lm's `shard()`, so each forward pass holds
+collectives (all_sum) that only line up because every rank runs the same
+admit / step sequence. Samplers carry per-request keys (sampling.py) and the
+logits after the all_sum are the same on every rank, so every rank draws the
+same tokens without exchanging them.
+
+The journal travels over a control channel of its own: one TCP connection
+from each follower to rank 0, length-prefixed JSON frames (no pickling).
+Beside the commands it carries model loads and their results, heartbeats and
+each follower's memory figures; and because it is a connection per rank, a
+dead or silent rank is known by its number. A collective waits forever on a
+rank that stopped, so liveness is never left to the collectives: the channel's
+watchdog fails what runs and ends the process in bounded time.
+"""
+
+from lockstep.follower import follow
+from lockstep.group import Group, GroupLost, join, wanted
+from lockstep.leader import LockstepEngine
+
+__all__ = ["Group", "GroupLost", "LockstepEngine", "follow", "join", "wanted"]

@@ -1,0 +1,180 @@
+"""The other ranks: load what rank 0 loads, replay its text batch's journal call for call."""
+
+import concurrent.futures
+import gc
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from typing import Any, Dict
+
+from lockstep.group import CONNECT_S, EXIT_GROUP_LOST, HEARTBEAT_S, Group, GroupLost, Sharder, exchange_port
+from lockstep.wire import memory_figures, processors_from_wire, recv_frame, sampling_from_wire, send_frame
+
+log = logging.getLogger("mlx-backend.lockstep")
+
+
+class Follower:
+    """A rank > 0: loads what rank 0 loads and replays its text batch's journal."""
+
+    def __init__(self, group: Group):
+        import mlx.core as mx
+
+        self.group = group
+        self.mx = mx
+        self._lock = threading.Lock()
+        self._ops: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._pending: Dict[int, Any] = {}  # load id -> LoadedModel, ready to swap in
+        self._pending_lock = threading.Lock()
+        self._loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="load")
+        self._seen = time.monotonic()
+        self._stopping = False
+        self.memory: Dict[str, int] = {}
+        self.lm = None
+        self.text = None
+        self._named: Dict[tuple, tuple] = {}
+        port = exchange_port(group, 0)
+        host = group.hosts[0][0].rsplit(":", 1)[0]
+        self.sock = socket.create_connection((host, port), timeout=CONNECT_S)
+        self.sock.settimeout(None)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        send_frame(self.sock, self._lock, {"rank": group.rank})
+        threading.Thread(target=self._receive, name="rank0-rx", daemon=True).start()
+        threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
+
+    def _fatal(self, why: str) -> None:
+        if self._stopping:
+            return
+        log.critical("rank %d: %s; exiting", self.group.rank, why)
+        logging.shutdown()
+        os._exit(EXIT_GROUP_LOST)
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                msg = recv_frame(self.sock)
+            except (OSError, ValueError) as e:
+                self._fatal(f"rank 0 closed the control connection ({e})")
+                return
+            self._seen = time.monotonic()
+            kind = msg.get("k")
+            if kind in ("ops", "stop"):
+                self._ops.put(msg)
+            elif kind == "load":
+                self._loader.submit(self._load, msg["id"], msg["spec"])
+            elif kind == "discard":
+                with self._pending_lock:
+                    self._pending.pop(msg["id"], None)
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(HEARTBEAT_S)
+            try:
+                send_frame(self.sock, self._lock, {"k": "hb", "memory": self.memory})
+            except OSError as e:
+                self._fatal(f"the control connection failed ({e})")
+            silent = time.monotonic() - self._seen
+            if silent > self.group.timeout:
+                self._fatal(f"rank 0 sent nothing for {silent:.0f}s")
+
+    def _load(self, load_id: int, spec: dict) -> None:
+        import model_loader
+
+        try:
+            lm = model_loader.load(model_loader.LoadSpec(**spec), shard=Sharder(self.group))
+            with self._pending_lock:
+                self._pending[load_id] = lm
+            reply = {"k": "loaded", "id": load_id, "ok": True}
+        except Exception as e:
+            log.error("rank %d: loading failed: %s", self.group.rank, e)
+            reply = {"k": "loaded", "id": load_id, "ok": False, "message": f"{type(e).__name__}: {e}"}
+        self.memory = memory_figures()
+        try:
+            send_frame(self.sock, self._lock, reply)
+        except OSError as e:
+            self._fatal(f"the control connection failed ({e})")
+
+    def run(self) -> None:
+        """The follower's engine loop: the only thread here that runs the model."""
+        self.stream = self.mx.default_stream(self.mx.default_device())
+        while True:
+            msg = self._ops.get()
+            if msg["k"] == "stop":
+                self._stopping = True
+                log.info("rank %d: stopped by rank 0", self.group.rank)
+                return
+            for op in msg["ops"]:
+                try:
+                    self._apply(op)
+                except GroupLost as e:
+                    self._fatal(f"the group broke: {e}")
+                except Exception as e:
+                    if "[ring]" in str(e):
+                        self._fatal(f"the group broke: {e}")
+                    # Rank 0 met the same failure on the same call and decides what follows.
+                    log.warning("rank %d: %s failed: %s: %s", self.group.rank, op["k"], type(e).__name__, e)
+            self.memory = memory_figures()
+
+    def _apply(self, op: dict) -> None:
+        kind = op["k"]
+        if kind == "new":
+            from text_batch import TextBatch
+
+            settings = {k: v for k, v in op.items() if k != "k"}
+            self.text = TextBatch(self.lm, stream=self.stream, **settings)
+        elif kind == "admit":
+            self._named.clear()
+            _, _, first = self.text.admit(
+                op["prompt"], op["max"], sampling_from_wire(op["sampling"]),
+                processors_from_wire(self.lm, op["extra"]), op["eos"], on_error=_ignore, direct=op["direct"])
+            if first is not None and first.prompt_cache is not None:
+                self._named[("a",)] = (first.prompt_cache, first.all_tokens)
+        elif kind == "step":
+            self._named.clear()
+            for r in self.text.step():
+                if r.prompt_cache is not None:
+                    self._named[("s", r.uid)] = (r.prompt_cache, r.all_tokens)
+        elif kind == "remove":
+            for uid, (cache, tokens) in self.text.remove(op["uids"], keep_cache=op["keep"]).items():
+                self._named[("r", uid)] = (cache, tokens)
+        elif kind == "save":
+            cache, tokens = self._named.get(tuple(op["from"]), (None, None))
+            self.text.save(tokens, cache)
+        elif kind == "close":
+            if self.text is not None:
+                self.text.close()
+            self.text = None
+            self._named.clear()
+        elif kind == "swap":
+            if self.text is not None:
+                self.text.close()
+            self.text, self.lm = None, None
+            self._named.clear()
+            gc.collect()
+            self.mx.clear_cache()
+            if op["id"] is not None:
+                with self._pending_lock:
+                    self.lm = self._pending.pop(op["id"])
+                    self._pending.clear()  # an older load that was never swapped in
+        else:
+            raise ValueError(f"unknown journal entry {kind!r}")
+
+
+def _ignore(e: Exception) -> None:
+    log.debug("a request's sampler failed here as on rank 0: %s", e)
+
+
+def follow(group: Group) -> None:
+    """Run this process as a follower until rank 0 stops it; never returns."""
+    follower = Follower(group)
+    log.info("rank %d of %d following rank 0 (pid %d)", group.rank, group.size, os.getpid())
+    try:
+        follower.run()
+        code = 0
+    except BaseException:
+        log.exception("rank %d: the follower loop failed", group.rank)
+        code = 1
+    logging.shutdown()
+    os._exit(code)

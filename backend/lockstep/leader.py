@@ -1,0 +1,333 @@
+"""Rank 0: the ordinary Engine, its text batch journaled to the followers, and the watchdog."""
+
+import concurrent.futures
+import dataclasses
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Dict, List, Optional
+
+from engine import Engine, EngineError
+from lockstep.group import CONNECT_S, EXIT_GROUP_LOST, HEARTBEAT_S, Group, GroupLost, Sharder, exchange_port
+from lockstep.wire import admit_wire, recv_frame, send_frame
+
+log = logging.getLogger("mlx-backend.lockstep")
+
+LOAD_TIMEOUT_S = 3600.0
+EXIT_GRACE_S = 1.0  # after the group is lost, errors reach the clients, then the process exits
+FORCE_EXIT_S = 4.0  # the longest rank 0 waits for its engine thread before it exits anyway
+
+
+class Leader:
+    """Rank 0's end of the control channel: one connection per follower."""
+
+    def __init__(self, group: Group):
+        self.group = group
+        self.lost = ""  # "rank N: why", once a rank is gone
+        self.on_lost = None  # called once, from a channel thread
+        self.memory: Dict[int, Dict[str, int]] = {}
+        self._socks: Dict[int, socket.socket] = {}
+        self._seen: Dict[int, float] = {}
+        self._lock = threading.Lock()
+        self._lost_lock = threading.Lock()
+        self._last_send = 0.0
+        self._loads: Dict[int, Dict[int, concurrent.futures.Future]] = {}
+        self._load_ids = itertools.count(1)
+        self._stopping = False
+        host = group.hosts[0][0].rsplit(":", 1)[0]
+        server = socket.create_server((host, 0))
+        exchange_port(group, server.getsockname()[1])
+        server.settimeout(CONNECT_S)
+        try:
+            while len(self._socks) < group.size - 1:
+                sock, _ = server.accept()
+                sock.settimeout(None)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                rank = recv_frame(sock)["rank"]
+                self._socks[rank] = sock
+                self._seen[rank] = time.monotonic()
+        except socket.timeout:
+            missing = sorted(set(range(1, group.size)) - set(self._socks))
+            raise SystemExit(f"ranks {missing} did not reach rank 0 within {CONNECT_S:g}s")
+        finally:
+            server.close()
+        log.info("control channel up with ranks %s", sorted(self._socks))
+        for rank, sock in self._socks.items():
+            threading.Thread(target=self._receive, args=(rank, sock), name=f"rank{rank}-rx", daemon=True).start()
+        threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
+
+    def send(self, msg: dict) -> None:
+        """To every follower, in order; a rank that cannot take it is lost."""
+        for rank, sock in self._socks.items():
+            try:
+                send_frame(sock, self._lock, msg)
+            except OSError as e:
+                self.lose(rank, f"the connection failed ({e})")
+        self._last_send = time.monotonic()
+
+    def lose(self, rank: int, why: str) -> None:
+        with self._lost_lock:
+            if self.lost or self._stopping:
+                return
+            self.lost = f"rank {rank}: {why}"
+        log.critical("lost %s", self.lost)
+        for futures in list(self._loads.values()):
+            for f in list(futures.values()):
+                if not f.done():
+                    f.set_exception(EngineError("UNAVAILABLE", f"mlx: lost {self.lost}"))
+        if self.on_lost is not None:
+            self.on_lost(self.lost)
+
+    def _receive(self, rank: int, sock: socket.socket) -> None:
+        while True:
+            try:
+                msg = recv_frame(sock)
+            except (OSError, ValueError) as e:
+                self.lose(rank, f"it closed the control connection ({e})")
+                return
+            self._seen[rank] = time.monotonic()
+            if "memory" in msg:
+                self.memory[rank] = msg["memory"]
+            if msg.get("k") == "loaded":
+                f = self._loads.get(msg["id"], {}).get(rank)
+                if f is not None and not f.done():
+                    f.set_result(msg)
+
+    def _beat(self) -> None:
+        while not self.lost:
+            time.sleep(HEARTBEAT_S / 2)
+            now = time.monotonic()
+            if now - self._last_send >= HEARTBEAT_S:
+                self.send({"k": "hb"})
+            for rank, seen in list(self._seen.items()):
+                if now - seen > self.group.timeout:
+                    self.lose(rank, f"it sent nothing for {now - seen:.0f}s")
+
+    def stop(self) -> None:
+        """Every follower ends (the backend is shutting down)."""
+        self._stopping = True
+        self.send({"k": "stop"})
+
+    # ---- loading: every rank loads its shard, rank 0 waits for all ----------------
+
+    def load(self, spec):
+        import model_loader
+
+        load_id = next(self._load_ids)
+        futures = {r: concurrent.futures.Future() for r in self._socks}
+        self._loads[load_id] = futures
+        try:
+            self.send({"k": "load", "id": load_id, "spec": dataclasses.asdict(spec)})
+            own: Optional[BaseException] = None
+            lm = None
+            try:
+                lm = model_loader.load(spec, shard=Sharder(self.group))
+            except Exception as e:
+                own = e
+            failures = []
+            for rank, f in sorted(futures.items()):
+                try:
+                    reply = f.result(timeout=LOAD_TIMEOUT_S)
+                except concurrent.futures.TimeoutError:
+                    reply = {"ok": False, "message": f"no answer within {LOAD_TIMEOUT_S:g}s"}
+                if not reply.get("ok"):
+                    failures.append(f"rank {rank}: {reply.get('message')}")
+            if own is not None or failures:
+                self.send({"k": "discard", "id": load_id})
+                if own is not None:
+                    raise own
+                raise model_loader.ModelLoadError("; ".join(failures))
+            lm.derived["load_id"] = load_id
+            log.info("every rank holds its shard of %s (%d ranks)", lm.source, self.group.size)
+            return lm
+        finally:
+            self._loads.pop(load_id, None)
+
+
+class RecordingBatch:
+    """The engine's TextBatch on rank 0, journaling every call that changes it.
+
+    Calls that run the model (admit, step) send the journal, themselves last,
+    before they run here, so the followers run the same call at the same time.
+    The KV caches the engine later saves are named by where they came from
+    (a step, an admission, a removal), since each rank holds its own.
+    """
+
+    def __init__(self, inner, leader: Leader, settings: dict):
+        self.inner = inner
+        self.leader = leader
+        self.journal: List[dict] = [{"k": "new", **settings}]
+        self._names: Dict[int, tuple] = {}  # id(cache) -> (name, cache), until the next model call
+
+    def _run(self, op: dict, fn):
+        self.journal.append(op)
+        self.flush()
+        self._names.clear()
+        try:
+            return fn()
+        except Exception as e:
+            if self.leader.lost or "[ring]" in str(e):
+                raise GroupLost(self.leader.lost or str(e)) from e
+            raise
+
+    def flush(self) -> None:
+        if self.journal:
+            ops, self.journal = self.journal, []
+            self.leader.send({"k": "ops", "ops": ops})
+
+    def _name(self, cache, name) -> None:
+        if cache is not None:
+            self._names[id(cache)] = (name, cache)
+
+    def admit(self, prompt, max_tokens, sampling, extra, ignore_eos, on_error, direct=False):
+        op = admit_wire(prompt, max_tokens, sampling, extra, ignore_eos, direct)
+        uid, cached, first = self._run(op, lambda: self.inner.admit(
+            prompt, max_tokens, sampling, extra, ignore_eos, on_error, direct=direct))
+        if first is not None:
+            self._name(first.prompt_cache, ["a"])
+        return uid, cached, first
+
+    def step(self):
+        responses = self._run({"k": "step"}, self.inner.step)
+        for r in responses:
+            self._name(r.prompt_cache, ["s", r.uid])
+        return responses
+
+    def remove(self, uids, keep_cache=False):
+        self.journal.append({"k": "remove", "uids": list(uids), "keep": keep_cache})
+        kept = self.inner.remove(uids, keep_cache=keep_cache)
+        for uid, (cache, _) in kept.items():
+            self._name(cache, ["r", uid])
+        return kept
+
+    def save(self, tokens, cache):
+        named = self._names.get(id(cache))
+        if named is None or named[1] is not cache:
+            # A cache the followers cannot name: kept nowhere, so every rank's prefix cache stays the same.
+            if cache is not None and tokens:
+                log.warning("a prompt cache entry of unknown origin was not kept")
+            return
+        if tokens:
+            self.journal.append({"k": "save", "from": named[0]})
+        self.inner.save(tokens, cache)
+
+    def close(self):
+        self.journal.append({"k": "close"})
+        self.flush()
+        self.inner.close()
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.inner.cache_bytes
+
+
+class _GroupFault:
+    """Engine command: the group is lost (put by the channel's watchdog)."""
+
+
+class LockstepEngine(Engine):
+    """The Engine of rank 0: the same decisions, its text batch journaled to the followers."""
+
+    def __init__(self, group: Group, config=None):
+        self.group = group
+        self.leader = Leader(group)
+        self.leader.on_lost = self._group_lost
+        self._closed_by_loss = threading.Event()
+        super().__init__(config)
+
+    def load_model(self, spec):
+        """LoadModel: every rank loads its shard (loader thread)."""
+        if self.leader.lost:
+            raise EngineError("UNAVAILABLE", f"mlx: lost {self.leader.lost}")
+        return self.leader.load(spec)
+
+    def _speculating(self) -> bool:
+        return False  # a speculating stream runs outside the batch the followers replay
+
+    def _batch(self):
+        if self._text is None:
+            inner = super()._batch()
+            c = self.config
+            self._text = RecordingBatch(inner, self.leader, {
+                "max_sequences": c.max_sequences, "prefill_batch_size": c.prefill_batch_size,
+                "prefill_step_size": inner.prefill_step_size, "prompt_cache_bytes": c.prompt_cache_bytes,
+                "prompt_cache_entries": c.prompt_cache_entries})
+        return self._text
+
+    def _handle(self, command) -> None:
+        if isinstance(command, _GroupFault):
+            raise GroupLost(self.leader.lost)
+        from engine import Stop
+
+        if isinstance(command, Stop):
+            super()._handle(command)
+            self.leader.stop()
+            return
+        super()._handle(command)
+
+    def _swap(self, model, config) -> None:
+        super()._swap(model, config)
+        load_id = model.derived.get("load_id") if model is not None else None
+        self.leader.send({"k": "ops", "ops": [{"k": "swap", "id": load_id}]})
+
+    def _flush(self) -> None:
+        super()._flush()
+        if isinstance(self._text, RecordingBatch):
+            self._text.flush()  # removals and saves reach the followers while idle too
+
+    def _update_memory(self) -> None:
+        super()._update_memory()
+        self.memory["group_size"] = self.group.size
+        self.memory["rank0_active"] = self.memory.get("active", 0)
+        for rank, mem in sorted(self.leader.memory.items()):
+            for key in ("active", "peak"):
+                self.memory[f"rank{rank}_{key}"] = int(mem.get(key, 0))
+
+    def _close(self, cause: str) -> None:
+        if self.leader.lost or "GroupLost" in cause:
+            deadline = time.monotonic() + 1.0  # the ring may say so before the channel names the rank
+            while not self.leader.lost and time.monotonic() < deadline:
+                time.sleep(0.05)
+            cause = f"the distributed group lost {self.leader.lost or 'a rank'}"
+            self._closed_by_loss.set()
+        super()._close(cause)
+        if self._closed_by_loss.is_set():
+            _exit_soon(EXIT_GROUP_LOST, EXIT_GRACE_S)
+
+    def _group_lost(self, why: str) -> None:
+        """Channel thread: end the engine; if it is stuck in a collective, end everything anyway."""
+        self._inbox.put(_GroupFault())
+
+        def force():
+            if self._closed_by_loss.wait(FORCE_EXIT_S):
+                return
+            log.critical("the engine thread is stuck (in a collective with %s); exiting", why)
+            try:
+                with self._lock:
+                    self.dead = f"the distributed group lost {why}"
+                # Best effort from this thread: the engine thread is blocked and will not run again.
+                for slot in list(self._slots.values()) + list(self._waiting):
+                    self._end(slot, _lost_event(why))
+                self._flush()
+            finally:
+                _exit_soon(EXIT_GROUP_LOST, EXIT_GRACE_S)
+
+        threading.Thread(target=force, name="group-lost", daemon=True).start()
+
+
+def _lost_event(why: str):
+    from engine import Event
+
+    return Event(error=EngineError("UNAVAILABLE", f"mlx: the distributed group lost {why}"))
+
+
+def _exit_soon(code: int, delay: float) -> None:
+    def run():
+        time.sleep(delay)
+        logging.shutdown()
+        os._exit(code)
+
+    threading.Thread(target=run, name="exit", daemon=True).start()
