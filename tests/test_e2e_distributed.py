@@ -142,6 +142,11 @@ def test_unsplittable_model_refused_then_free_and_load_another(group, single, mo
     result = group.load(embedded_default())
     assert not result.success
     assert "cannot be split over 2 ranks" in result.message and "9 attention heads" in result.message
+    # What the ranks' slices cannot take yet is refused by name, not ignored.
+    for fields, words in (({"CacheTypeKey": "q8_0", "CacheTypeValue": "q8_0"}, "KV cache types"),
+                          ({"DraftModel": models[1]}, "draft model")):
+        result = group.load(models[0], **fields)
+        assert not result.success and words in result.message and "across ranks" in result.message, result.message
     opts = greedy("Still serving", 6)
     assert_same(run(group.stub, opts), run(single.stub, opts))  # the old model stays
 
