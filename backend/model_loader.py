@@ -63,6 +63,10 @@ class LoadedModel:
     # Things built from this model on demand (the grammar tokenizer), kept
     # with it so that a later model can never get them.
     derived: Dict[str, Any] = field(default_factory=dict)
+    # "text": a causal LM (chat, and Embedding/Score from its hidden states and
+    # logits); "embedding": an encoder that only embeds (embed_loader).
+    kind: str = "text"
+    embedding: Any = None  # embed_loader.EmbeddingSpec: pooling and normalisation
 
     def detokenizer(self):
         """A fresh streaming detokenizer that keeps every character.
@@ -188,10 +192,13 @@ def load(spec: LoadSpec) -> LoadedModel:
     import mlx.core as mx
     from mlx_lm import load as mlx_lm_load
 
+    import embed_loader
     from gguf_loader import GGUFError, gguf_to_mlx_dir
 
     if spec.dtype not in DTYPES:
         raise ModelLoadError(f"dtype {spec.dtype!r} is not one of {', '.join(DTYPES)}")
+    # A causal LM embeds too: last-token pooling unless an Option says otherwise.
+    embedding = embed_loader.with_options(embed_loader.EmbeddingSpec(), spec.options)
     started = time.monotonic()
     source = resolve(spec)
     log.info("loading %s", source)
@@ -206,6 +213,8 @@ def load(spec: LoadSpec) -> LoadedModel:
         except Exception as e:  # a damaged or foreign file: the reader's own words
             raise ModelLoadError(f"{source}: not a readable GGUF file ({type(e).__name__}: {e})") from None
     elif os.path.isdir(source):
+        if embed_loader.is_encoder_embedding(Path(source)):
+            return embed_loader.load(spec, source, started)
         if _is_vision(Path(source)):
             raise ModelLoadError(f"{source} is a vision model (config has vision_config); vision is not served yet")
         if not (Path(source) / "config.json").exists():
@@ -230,7 +239,8 @@ def load(spec: LoadSpec) -> LoadedModel:
     loaded = LoadedModel(
         name=spec.model, source=source, model=model, tokenizer=tokenizer, config=config,
         context_size=ctx, dtype=dtype or "native", options=spec.options,
-        load_seconds=time.monotonic() - started)
+        load_seconds=time.monotonic() - started,
+        embedding=embedding)
     log.info("loaded %s (%s, dtype %s, context %d) in %.1fs", source, config.get("model_type"),
              loaded.dtype, ctx, loaded.load_seconds)
     return loaded
