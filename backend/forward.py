@@ -262,15 +262,18 @@ def _score_rows(lm, cache, job: ScoreJob, start: int, end: int):
         rows = [shared + r for r in rows]
     width = max(len(r) for r in rows)
     ids = mx.array([r + [0] * (width - len(r)) for r in rows])
-    logits = lm.model(ids, cache=batch_cache).astype(mx.float32)
-    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    logits = lm.model(ids, cache=batch_cache)
     offset = len(shared) if shared is not None else 0
     index = [[0] * width for _ in rows]
     for i, targets in enumerate(job.targets[start:end]):
         for j, t in enumerate(targets):
             index[i][offset + j] = t
-    picked = mx.take_along_axis(logprobs, mx.array(index)[..., None], axis=-1)[..., 0]
-    mx.eval(picked)
+    # float64 (CPU only in MLX): a float32 sum over a 50k-token vocabulary drifts by ~1e-4.
+    with mx.stream(mx.cpu):
+        wide = logits.astype(mx.float64)
+        picked = mx.take_along_axis(wide, mx.array(index)[..., None], axis=-1)[..., 0] \
+            - mx.logsumexp(wide, axis=-1)
+        mx.eval(picked)
     picked = picked.tolist()
     for i, targets in enumerate(job.targets[start:end]):
         first = job.first[start + i]
