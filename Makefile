@@ -3,7 +3,7 @@ PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 ADDR ?= 127.0.0.1:50051
 
-.PHONY: install install-test protogen serve demo smoke unit e2e test bench soak localai-backend clean
+.PHONY: install install-test protogen serve demo smoke unit e2e test bench bench-embed soak localai-backend clean
 
 install:
 	./install.sh
@@ -47,3 +47,6 @@ localai-backend: install
 clean:
 	rm -rf .venv backend/backend_pb2.py backend/backend_pb2_grpc.py .pytest_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+
+bench-embed: install-test
+	$(PY) tests/bench_embed.py
