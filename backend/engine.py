@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional
 
 from common.mlx_utils import Delta, OutputRouter, TextPipeline
-from forward import Forward, ForwardWork
 from common.python_utils import option_int
+from forward import Forward, ForwardWork
 from sampling import RequestFailure, SamplingParams
 
 log = logging.getLogger("mlx-backend.engine")
@@ -434,7 +434,12 @@ class Engine:
         default = self._batch().prefill_step_size if lm.kind == "text" else 1024
         budget = option_int(lm.options, "forward_chunk_tokens", default, minimum=1)
         prefix = (lambda: self._batch().cache) if lm.kind == "text" else (lambda: None)
-        for sink, result in self._forward.run_chunk(lm, budget, prefix, self._stream):
+        try:
+            done = self._forward.run_chunk(lm, budget, prefix, self._stream)
+        except Exception as e:  # outside any one job (each job's own failure is returned): fail them all
+            log.exception("forward work failed")
+            done = [(sink, e) for sink, _ in self._forward.drop_all()]
+        for sink, result in done:
             if isinstance(result, Exception):
                 result = Event(error=EngineError("INTERNAL", f"forward pass failed: {type(result).__name__}: {result}"))
             self._outbox.append((sink, result))

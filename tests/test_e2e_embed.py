@@ -166,13 +166,21 @@ def test_bad_input_to_the_embedding_model(minilm):
     assert embed(stub, "still serving").dim == 384
 
 
-def test_no_model_loaded(log_dir):
+def test_no_model_loaded_then_per_token_vectors(log_dir, minilm):
     with Backend(log_path=str(log_dir / "embed-empty.log")) as b:
         for call in (lambda: embed(b.stub, "x"),
                      lambda: b.stub.Score(backend_pb2.ScoreRequest(prompt="a", candidates=["b"]), timeout=30),
                      lambda: b.stub.Rerank(backend_pb2.RerankRequest(query="q", documents=["d"]), timeout=30)):
             code, details = code_of(call)
             assert code == grpc.StatusCode.FAILED_PRECONDITION and "model not loaded" in details
+        assert b.load(minilm_dir(), Options=["embedding_pooling:none"]).success
+        reply = embed(b.stub, SENTENCES[1])
+        assert reply.layout == backend_pb2.EmbeddingLayout.EMBEDDING_LAYOUT_PER_TOKEN
+        assert reply.tokens == reply.prompt_tokens and reply.dim == 384
+        per_token = np.array(reply.embeddings).reshape(reply.tokens, reply.dim)
+        # Their mean is what the model's own mean pooling gives.
+        assert cosine(per_token.mean(0), embed(minilm.stub, SENTENCES[1]).embeddings) > 0.99999
+        assert not b.load(minilm_dir(), Options=["embedding_pooling:max"]).success
 
 
 # ---- a causal LM: embeddings from hidden states, scores from log-probs ------------------
