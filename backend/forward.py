@@ -78,6 +78,7 @@ class _Pending:
     cached: int = 0
     started: bool = False
     rows_done: int = 0
+    pooled: Any = None  # a long embedding's running sum / last state / per-token states
     out_tokens: List[List[int]] = field(default_factory=list)
     out_logprobs: List[List[float]] = field(default_factory=list)
 
@@ -113,15 +114,17 @@ class ForwardWork:
         with mx.stream(stream):
             if isinstance(head.job, ScoreJob):
                 return self._score_chunk(lm, head, budget, prefix_cache)
+            if _long(lm, head.job, budget):
+                return self._long_embed_chunk(lm, head, budget)
             return self._embed_chunk(lm, budget)
 
     # ---- embeddings -------------------------------------------------------------
 
-    def _take_embeds(self, budget: int) -> List[_Pending]:
+    def _take_embeds(self, lm, budget: int) -> List[_Pending]:
         """Embedding jobs, oldest first, whose inputs padded together fit the budget (one at least)."""
         taken, rows, longest = [], 0, 0
         for p in list(self.queue):
-            if not isinstance(p.job, EmbedJob):
+            if not isinstance(p.job, EmbedJob) or _long(lm, p.job, budget):
                 continue
             n = len(p.job.inputs)
             width = max([longest] + [len(t) for t in p.job.inputs])
@@ -134,7 +137,7 @@ class ForwardWork:
         return taken
 
     def _embed_chunk(self, lm, budget: int) -> List[tuple]:
-        taken = self._take_embeds(budget)
+        taken = self._take_embeds(lm, budget)
         try:
             inputs = [t for p in taken for t in p.job.inputs]
             hidden, lengths = _hidden_states(lm, inputs)
@@ -148,6 +151,40 @@ class ForwardWork:
         except Exception as e:
             log.exception("an embedding batch of %d inputs failed", sum(len(p.job.inputs) for p in taken))
             return [(p.sink, e) for p in taken]
+
+    def _long_embed_chunk(self, lm, p: _Pending, budget: int) -> List[tuple]:
+        """One chunk of a causal LM input longer than the budget, continuing its KV cache."""
+        tokens, pooling = p.job.inputs[0], p.job.pooling
+        try:
+            if p.cache is None:
+                p.cache = make_prompt_cache(lm.model)
+            end = min(len(tokens), p.done + budget)
+            h = _inner(lm)(mx.array([tokens[p.done:end]]), cache=p.cache).astype(mx.float32)[0]
+            if pooling == "mean":
+                p.pooled = h.sum(axis=0) if p.pooled is None else p.pooled + h.sum(axis=0)
+            elif pooling == "last":
+                p.pooled = h[-1]
+            elif pooling == "cls":
+                p.pooled = h[0] if p.pooled is None else p.pooled
+            else:
+                p.pooled = (p.pooled or []) + [h]
+            mx.eval(p.pooled, [c.state for c in p.cache])
+            p.done = end
+            if end < len(tokens):
+                return []
+            self.queue.remove(p)
+            if pooling == "none":
+                vectors = mx.concatenate(p.pooled, axis=0)
+            else:
+                vectors = (p.pooled / len(tokens) if pooling == "mean" else p.pooled)[None]
+                if p.job.normalize:
+                    vectors = vectors / mx.maximum(mx.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+            return [(p.sink, EmbedResult(vectors=[vectors.tolist()], prompt_tokens=len(tokens)))]
+        except Exception as e:
+            log.exception("embedding a %d-token input failed", len(tokens))
+            if p in self.queue:
+                self.queue.remove(p)
+            return [(p.sink, e)]
 
     # ---- scores -----------------------------------------------------------------
 
@@ -202,11 +239,23 @@ def _hidden_states(lm, inputs: List[List[int]]):
         hidden = lm.model(ids, attention_mask=mask).last_hidden_state
     else:
         # A causal LM: padding on the right is never attended by the real tokens before it.
-        inner = getattr(lm.model, "model", None)
-        if inner is None:
-            raise RuntimeError(f"{type(lm.model).__name__} exposes no hidden states to embed")
-        hidden = inner(ids)
+        hidden = _inner(lm)(ids)
     return hidden.astype(mx.float32), lengths
+
+
+def _inner(lm):
+    """A causal LM's body: token ids -> final normed hidden states (mlx-lm's `model.model`)."""
+    inner = getattr(lm.model, "model", None)
+    if inner is None:
+        raise RuntimeError(f"{type(lm.model).__name__} exposes no hidden states to embed")
+    return inner
+
+
+def _long(lm, job, budget: int) -> bool:
+    """A causal LM's single input longer than a chunk: embedded a chunk at a time (an encoder
+    attends both ways and cannot be split)."""
+    return lm.kind == "text" and isinstance(job, EmbedJob) and len(job.inputs) == 1 \
+        and len(job.inputs[0]) > budget
 
 
 def _pool(hidden, lengths: List[int], pooling: str, normalize: bool) -> List[List[List[float]]]:

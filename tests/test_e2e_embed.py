@@ -190,8 +190,10 @@ def test_no_model_loaded_then_per_token_vectors(log_dir, minilm):
 def smol(log_dir):
     from model_loader import embedded_default
 
-    # float32 explicitly, so the in-test reference computes with the same weights.
-    yield from serving(log_dir / "embed-smol.log", embedded_default(), DType="float32")
+    # float32 explicitly, so the in-test reference computes with the same weights; small
+    # forward chunks, so that short texts already take several (a real prompt would at 128).
+    yield from serving(log_dir / "embed-smol.log", embedded_default(), DType="float32",
+                       Options=["forward_chunk_tokens:32"])
 
 
 @pytest.fixture(scope="module")
@@ -276,13 +278,16 @@ def test_causal_lm_embedding_is_its_normalised_last_hidden_state(smol, direct):
     import mlx.core as mx
 
     model, tok = direct
-    text = "Embeddings from a chat model."
-    reply = embed(smol.stub, text)
-    ids = tok(text)["input_ids"]
-    h = np.array(model.model(mx.array([ids])).astype(mx.float32)[0, -1], dtype=np.float64)
-    assert (reply.tokens, reply.dim, reply.prompt_tokens) == (1, h.shape[0], len(ids))
-    assert cosine(reply.embeddings, h) > 0.9999
-    assert abs(np.linalg.norm(reply.embeddings) - 1.0) < 1e-4
+    # The long one (over the 32-token chunk) is embedded a chunk at a time, continuing its KV.
+    long_text = " ".join(f"Item {i} is a {c} box." for i, c in enumerate(["red", "blue", "green"] * 3))
+    for text in ("Embeddings from a chat model.", long_text):
+        reply = embed(smol.stub, text)
+        ids = tok(text)["input_ids"]
+        h = np.array(model.model(mx.array([ids])).astype(mx.float32)[0, -1], dtype=np.float64)
+        assert (reply.tokens, reply.dim, reply.prompt_tokens) == (1, h.shape[0], len(ids))
+        assert cosine(reply.embeddings, h) > 0.9999
+        assert abs(np.linalg.norm(reply.embeddings) - 1.0) < 1e-4
+    assert len(ids) > 2 * 32
 
 
 def test_bad_score_input(smol):
