@@ -73,12 +73,12 @@ class _Pending:
     job: Any
     sink: Any
     t_arrived: float
-    done: int = 0  # score: shared tokens prefilled so far / rows evaluated so far
+    done: int = 0  # how far it got: a score's prompt tokens, an embedding's inputs or tokens
     cache: Any = None
     cached: int = 0
     started: bool = False
     rows_done: int = 0
-    pooled: Any = None  # a long embedding's running sum / last state / per-token states
+    pooled: Any = None  # vectors so far; for a long input, its running sum / last state / states
     out_tokens: List[List[int]] = field(default_factory=list)
     out_logprobs: List[List[float]] = field(default_factory=list)
 
@@ -108,7 +108,7 @@ class ForwardWork:
     def run_chunk(self, lm, budget: int, prefix_cache: Callable[[], Any], stream) -> List[tuple]:
         """One bounded piece of work; the (sink, result) of every job it completed.
 
-        A failure fails the jobs of this chunk only (raised as (sink, exception) pairs).
+        A failure fails the jobs of this chunk only (returned as (sink, exception) pairs).
         """
         head = self.queue[0]
         with mx.stream(stream):
@@ -120,37 +120,46 @@ class ForwardWork:
 
     # ---- embeddings -------------------------------------------------------------
 
-    def _take_embeds(self, lm, budget: int) -> List[_Pending]:
-        """Embedding jobs, oldest first, whose inputs padded together fit the budget (one at least)."""
-        taken, rows, longest = [], 0, 0
-        for p in list(self.queue):
+    def _take_embeds(self, lm, budget: int) -> List[tuple]:
+        """(job, first, end) slices of embedding inputs, oldest first, that padded together fit
+        the budget (one input at least): a job with many inputs (a Rerank) may take several chunks."""
+        taken, rows, width = [], 0, 0
+        for p in self.queue:
             if not isinstance(p.job, EmbedJob) or _long(lm, p.job, budget):
                 continue
-            n = len(p.job.inputs)
-            width = max([longest] + [len(t) for t in p.job.inputs])
-            if taken and (rows + n) * width > budget:
+            inputs, end = p.job.inputs, p.done
+            while end < len(inputs):
+                w = max(width, len(inputs[end]))
+                if rows and (rows + 1) * w > budget:
+                    break
+                rows, width, end = rows + 1, w, end + 1
+            if end > p.done:
+                taken.append((p, p.done, end))
+            if end < len(inputs):  # the budget is full
                 break
-            taken.append(p)
-            rows, longest = rows + n, width
-        for p in taken:
-            self.queue.remove(p)
         return taken
 
     def _embed_chunk(self, lm, budget: int) -> List[tuple]:
         taken = self._take_embeds(lm, budget)
         try:
-            inputs = [t for p in taken for t in p.job.inputs]
-            hidden, lengths = _hidden_states(lm, inputs)
+            hidden, lengths = _hidden_states(lm, [t for p, a, b in taken for t in p.job.inputs[a:b]])
             out, at = [], 0
-            for p in taken:
-                n = len(p.job.inputs)
-                vectors = _pool(hidden[at:at + n], lengths[at:at + n], p.job.pooling, p.job.normalize)
-                out.append((p.sink, EmbedResult(vectors=vectors, prompt_tokens=sum(lengths[at:at + n]))))
-                at += n
+            for p, a, b in taken:
+                n = b - a
+                p.pooled = (p.pooled or []) + _pool(hidden[at:at + n], lengths[at:at + n], p.job.pooling,
+                                                    p.job.normalize)
+                p.done, at = b, at + n
+                if b == len(p.job.inputs):
+                    self.queue.remove(p)
+                    out.append((p.sink, EmbedResult(vectors=p.pooled,
+                                                    prompt_tokens=sum(len(t) for t in p.job.inputs))))
             return out
         except Exception as e:
-            log.exception("an embedding batch of %d inputs failed", sum(len(p.job.inputs) for p in taken))
-            return [(p.sink, e) for p in taken]
+            log.exception("an embedding batch of %d inputs failed", sum(b - a for _, a, b in taken))
+            for p, _, _ in taken:
+                if p in self.queue:
+                    self.queue.remove(p)
+            return [(p.sink, e) for p, _, _ in taken]
 
     def _long_embed_chunk(self, lm, p: _Pending, budget: int) -> List[tuple]:
         """One chunk of a causal LM input longer than the budget, continuing its KV cache."""

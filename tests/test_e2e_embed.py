@@ -90,7 +90,9 @@ def numpy_sentence_embedding(weights, config, ids):
 
 @pytest.fixture(scope="module")
 def minilm(log_dir):
-    yield from serving(log_dir / "embed-minilm.log", minilm_dir())
+    # Small forward chunks: concurrent calls share batches of a few inputs, and a Rerank's
+    # inputs take several chunks.
+    yield from serving(log_dir / "embed-minilm.log", minilm_dir(), Options=["forward_chunk_tokens:32"])
 
 
 @pytest.fixture(scope="module")
