@@ -246,6 +246,9 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
                 jobs = await asyncio.get_running_loop().run_in_executor(self.prep, prep, lm, request, *args)
             finally:
                 self.engine.preparing -= 1
+            # When the call ends early (deadline, client gone) its jobs leave the engine's queue.
+            context.add_done_callback(
+                lambda _: [setattr(j, "cancelled", True) for j in (jobs if isinstance(jobs, list) else [jobs])])
             if not isinstance(jobs, list):
                 return lm, await self.engine.forward(jobs)
             return lm, await asyncio.gather(*(self.engine.forward(j) for j in jobs))

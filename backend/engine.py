@@ -26,7 +26,7 @@ from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional
 
 from common.mlx_utils import Delta, OutputRouter, TextPipeline
 from common.python_utils import option_int
-from forward import Forward, ForwardWork
+from forward import Cancelled, Forward, ForwardWork
 from sampling import RequestFailure, SamplingParams
 
 log = logging.getLogger("mlx-backend.engine")
@@ -440,7 +440,9 @@ class Engine:
             log.exception("forward work failed")
             done = [(sink, e) for sink, _ in self._forward.drop_all()]
         for sink, result in done:
-            if isinstance(result, Exception):
+            if isinstance(result, Cancelled):
+                result = Event(error=EngineError("CANCELLED", "the caller went away"))
+            elif isinstance(result, Exception):
                 result = Event(error=EngineError("INTERNAL", f"forward pass failed: {type(result).__name__}: {result}"))
             self._outbox.append((sink, result))
 

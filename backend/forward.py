@@ -31,6 +31,7 @@ class EmbedJob:
     normalize: bool
     model_epoch: int = 0
     label: str = ""
+    cancelled: bool = False  # set by the servicer when its call ends; the job then leaves the queue
 
 
 @dataclass
@@ -51,6 +52,7 @@ class ScoreJob:
     save_upto: int  # tokens of `shared` kept in the prefix cache afterwards
     model_epoch: int = 0
     label: str = ""
+    cancelled: bool = False  # as EmbedJob.cancelled
 
 
 @dataclass
@@ -59,6 +61,10 @@ class ScoreResult:
     logprobs: List[List[float]]  # per candidate: log P(token | everything before it)
     prompt_tokens: int  # tokens evaluated for this job (cached ones not included)
     cached_tokens: int
+
+
+class Cancelled(Exception):
+    """The job's caller went away before it was done."""
 
 
 @dataclass
@@ -110,6 +116,12 @@ class ForwardWork:
 
         A failure fails the jobs of this chunk only (returned as (sink, exception) pairs).
         """
+        gone = [p for p in self.queue if p.job.cancelled]
+        for p in gone:
+            self.queue.remove(p)
+            log.info("%s dropped: its caller went away before it was done", type(p.job).__name__)
+        if gone or not self.queue:
+            return [(p.sink, Cancelled()) for p in gone]
         head = self.queue[0]
         with mx.stream(stream):
             if isinstance(head.job, ScoreJob):

@@ -305,6 +305,18 @@ def test_bad_score_input(smol):
     assert len(score(stub, "still", [" serving"])) == 1
 
 
+def test_a_score_whose_caller_left_stops_running(smol):
+    prompt = " ".join(f"Entry {i}: {i * 3} crates." for i in range(250))  # ~2000 tokens: many chunks
+    with pytest.raises(grpc.RpcError) as e:
+        smol.stub.Score(backend_pb2.ScoreRequest(prompt=prompt, candidates=[" yes"]), timeout=1.0)
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    deadline = time.monotonic() + 60
+    while "ScoreJob dropped: its caller went away" not in open(smol.log_path).read():
+        assert time.monotonic() < deadline, "the abandoned score job kept running"
+        time.sleep(0.2)
+    assert len(score(smol.stub, "still", [" serving"])) == 1
+
+
 def test_embeddings_and_scores_complete_while_four_streams_decode(smol):
     stub = smol.stub
     streams = [chat(q, Tokens=40, IgnoreEOS=True) for q in (
