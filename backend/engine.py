@@ -325,10 +325,11 @@ class Engine:
         by one, the first would be prefilled alone and the rest in a second pass
         that stalls it. Nothing waits when the batch is running or nothing is coming.
         """
-        if self._slots or not (self._waiting or self._forward.pending) or self.preparing <= 0:
+        if self._slots:
             return 0.0
-        first = min(self._waiting[0].t_arrived if self._waiting else float("inf"), self._forward.oldest())
-        return max(0.0, first + COALESCE_S - time.perf_counter())
+        now = time.perf_counter()
+        text = self._waiting[0].t_arrived + COALESCE_S - now if self._waiting and self.preparing > 0 else 0.0
+        return max(0.0, text, self._forward.hold(now, COALESCE_S if self.preparing > 0 else 0.0))
 
     def _drain_inbox(self, timeout: Optional[float]) -> None:
         """Handle every command in the inbox, first waiting up to `timeout` (None: forever) for one."""

@@ -99,8 +99,12 @@ class ForwardWork:
     def pending(self) -> bool:
         return bool(self.queue)
 
-    def oldest(self) -> float:
-        return self.queue[0].t_arrived if self.queue else float("inf")
+    def hold(self, now: float, coalesce: float) -> float:
+        """How long to wait for calls still being prepared (`coalesce` > 0): concurrent calls reach
+        the engine a few milliseconds apart, and the first would otherwise run alone."""
+        if not self.queue or coalesce <= 0:
+            return 0.0
+        return self.queue[0].t_arrived + coalesce - now
 
     def add(self, job, sink) -> None:
         self.queue.append(_Pending(job, sink, time.perf_counter()))
@@ -155,12 +159,17 @@ class ForwardWork:
         taken = self._take_embeds(lm, budget)
         try:
             hidden, lengths = _hidden_states(lm, [t for p, a, b in taken for t in p.job.inputs[a:b]])
-            out, at = [], 0
+            log.debug("embedding batch: %d inputs of %d jobs, padded to %d tokens",
+                      len(lengths), len(taken), max(lengths))
+            pooled, at = [], 0
             for p, a, b in taken:
-                n = b - a
-                p.pooled = (p.pooled or []) + _pool(hidden[at:at + n], lengths[at:at + n], p.job.pooling,
-                                                    p.job.normalize)
-                p.done, at = b, at + n
+                pooled.append(_pool(hidden[at:at + b - a], lengths[at:at + b - a], p.job.pooling, p.job.normalize))
+                at += b - a
+            mx.eval(pooled)  # every job's vectors in one evaluation
+            out = []
+            for (p, a, b), vectors in zip(taken, pooled):
+                p.pooled = (p.pooled or []) + [v.tolist() for v in vectors]
+                p.done = b
                 if b == len(p.job.inputs):
                     self.queue.remove(p)
                     out.append((p.sink, EmbedResult(vectors=p.pooled,
@@ -279,23 +288,21 @@ def _long(lm, job, budget: int) -> bool:
         and len(job.inputs[0]) > budget
 
 
-def _pool(hidden, lengths: List[int], pooling: str, normalize: bool) -> List[List[List[float]]]:
-    rows = []
-    for i, n in enumerate(lengths):
-        h = hidden[i, :n]
-        if pooling == "mean":
-            v = h.mean(axis=0, keepdims=True)
-        elif pooling == "cls":
-            v = h[:1]
-        elif pooling == "last":
-            v = h[n - 1:n]
-        else:  # none: one vector per token
-            v = h
-        if normalize and pooling != "none":
-            v = v / mx.maximum(mx.linalg.norm(v, axis=-1, keepdims=True), 1e-12)
-        rows.append(v)
-    mx.eval(rows)
-    return [v.tolist() for v in rows]
+def _pool(hidden, lengths: List[int], pooling: str, normalize: bool) -> list:
+    """Per input, its vectors ([1, width], or [tokens, width] with pooling none), not yet evaluated."""
+    if pooling == "none":
+        return [hidden[i, :n] for i, n in enumerate(lengths)]
+    n = mx.array(lengths)
+    if pooling == "mean":  # over the real tokens only, not the padding
+        mask = (mx.arange(hidden.shape[1])[None, :] < n[:, None]).astype(hidden.dtype)[..., None]
+        v = (hidden * mask).sum(axis=1) / n[:, None].astype(hidden.dtype)
+    elif pooling == "cls":
+        v = hidden[:, 0]
+    else:  # last
+        v = hidden[mx.arange(len(lengths)), n - 1]
+    if normalize:
+        v = v / mx.maximum(mx.linalg.norm(v, axis=-1, keepdims=True), 1e-12)
+    return [v[i:i + 1] for i in range(len(lengths))]
 
 
 def _warm_cache(lm, cache_store, shared: List[int]):

@@ -8,6 +8,9 @@
   (b) Score of 8 candidates after a ~300-token prompt: our Score call vs one
       direct mlx-lm prefill of the prompt plus one batched pass of the 8
       candidates continuing its KV (SmolLM2, the same converted GGUF and dtype).
+  (c) Health p50/p99 while 4 chat streams decode, alone and with Embedding and
+      Score calls arriving meanwhile (ours only: forward work runs between decode
+      steps in bounded chunks, so Health should barely move).
 
 Like for like: this process preloads OpenBLAS as the server does (it re-execs
 itself once), the raw side runs here while the server is idle and the other
@@ -99,6 +102,40 @@ def raw_score(lm, prompt) -> float:
     return time.perf_counter() - t
 
 
+def health_during_streams(stub, pb, with_forward: bool):
+    """Health latencies (ms) while 4 streams decode, optionally with forward work arriving."""
+    from common.launcher import chat
+
+    lat, stop = [], threading.Event()
+
+    def stream(i):
+        opts = chat(f"Write a long story about crate number {i}.", Tokens=48, IgnoreEOS=True)
+        for _ in stub.PredictStream(opts, timeout=600):
+            pass
+
+    def forward_traffic():
+        i = 0
+        while not stop.is_set():
+            stub.Embedding(pb.PredictOptions(Embeddings=f"sentence {i} about tea"), timeout=120)
+            stub.Score(pb.ScoreRequest(prompt=notes(100 + i)[:400], candidates=CANDIDATES[:4]), timeout=300)
+            i += 1
+
+    streams = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
+    extra = [threading.Thread(target=forward_traffic)] if with_forward else []
+    for t in streams + extra:
+        t.start()
+    while any(t.is_alive() for t in streams):
+        t0 = time.perf_counter()
+        stub.Health(pb.HealthMessage(), timeout=10)
+        lat.append((time.perf_counter() - t0) * 1000)
+        time.sleep(0.02)
+    stop.set()
+    for t in extra:
+        t.join()
+    lat.sort()
+    return lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+
+
 def paired(r, ours, raw):
     """(ours, raw) seconds, the side going first alternating with the round."""
     if r % 2:
@@ -151,8 +188,12 @@ def main() -> None:
         for r in range(args.rounds):
             pairs.append(paired(r, lambda: ours_score(b.stub, pb, notes(2 * r)),
                                 lambda: raw_score(lm, notes(2 * r + 1))))
+        alone = health_during_streams(b.stub, pb, False)
+        mixed = health_during_streams(b.stub, pb, True)
     n = len(lm.tokenizer.encode(notes(0)))
     report(f"(b) Score, 8 candidates after {n} tokens", pairs, lambda s: s * 1000, "ms")
+    print(f"(c) Health p50 / p99 ms while 4 streams decode: alone {alone[0]:.1f} / {alone[1]:.1f}, "
+          f"with Embedding and Score calls arriving {mixed[0]:.1f} / {mixed[1]:.1f}")
 
 
 if __name__ == "__main__":
