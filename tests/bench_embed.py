@@ -129,14 +129,20 @@ def health_during_streams(stub, pb, with_forward: bool):
     return lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))]
 
 
+SETTLE_S = 0.5  # between the two sides: BLAS threads of the side that just ran stop spinning
+
+
 def paired(r, ours, raw):
     """(ours, raw) seconds, the side going first alternating with the round."""
     if r % 2:
         b = raw()
+        time.sleep(SETTLE_S)
         a = ours()
     else:
         a = ours()
+        time.sleep(SETTLE_S)
         b = raw()
+    time.sleep(SETTLE_S)
     return a, b
 
 
