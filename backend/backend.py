@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
@@ -33,6 +34,7 @@ from common import auth, parent_watch  # noqa: E402
 from common.mlx_utils import Delta, ToolCall  # noqa: E402
 from common.python_utils import OptionError, option_bool, option_int, parse_options  # noqa: E402
 import adapt_options  # noqa: E402
+import forward_prep  # noqa: E402
 import lockstep  # noqa: E402
 import model_loader  # noqa: E402
 import prepare  # noqa: E402
@@ -78,6 +80,8 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         try:
             lm = self._loaded()
             self._check_identity(lm, request.ModelIdentity)
+            if lm.kind == "embedding":
+                raise OptionError("the loaded model is an embedding model: it serves Embedding and Rerank only")
             self.engine.preparing += 1  # the engine may wait for it to prefill a burst together
             try:
                 return await asyncio.get_running_loop().run_in_executor(self.prep, prepare.build_request, lm, request)
@@ -244,11 +248,92 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             await self._fail(context, e.code, str(e))
         return await asyncio.get_running_loop().run_in_executor(self.prep, model_metadata, lm)
 
+    async def _forward(self, context, request, prep, *args):
+        """Prepare forward jobs on the prep thread, run them on the engine: (model, results)."""
+        try:
+            lm = self._loaded()
+            self._check_identity(lm, request.ModelIdentity)
+            if lm.kind == "vision":
+                raise OptionError("Embedding, Score and Rerank are not served for a vision model")
+            self.engine.preparing += 1  # concurrent embeddings arriving together share one pass
+            try:
+                jobs = await asyncio.get_running_loop().run_in_executor(self.prep, prep, lm, request, *args)
+            finally:
+                self.engine.preparing -= 1
+            # When the call ends early (deadline, client gone) its jobs leave the engine's queue.
+            context.add_done_callback(
+                lambda _: [setattr(j, "cancelled", True) for j in (jobs if isinstance(jobs, list) else [jobs])])
+            if not isinstance(jobs, list):
+                return lm, await self.engine.forward(jobs)
+            return lm, await asyncio.gather(*(self.engine.forward(j) for j in jobs))
+        except OptionError as e:
+            await self._fail(context, "INVALID_ARGUMENT", str(e))
+        except EngineError as e:
+            await self._fail(context, e.code, str(e))
+
+    async def Embedding(self, request, context):
+        started = time.perf_counter()
+        lm, result = await self._forward(context, request, forward_prep.embed_job)
+        (vectors,) = result.vectors
+        log.info("embedding%s: %d tokens -> %d x %d in %.0f ms", _tag(request.CorrelationId),
+                 result.prompt_tokens, len(vectors), len(vectors[0]), (time.perf_counter() - started) * 1000)
+        Layout = backend_pb2.EmbeddingLayout
+        return backend_pb2.EmbeddingResult(
+            embeddings=[x for v in vectors for x in v], tokens=len(vectors), dim=len(vectors[0]),
+            prompt_tokens=result.prompt_tokens,
+            layout=Layout.EMBEDDING_LAYOUT_PER_TOKEN if lm.embedding.pooling == "none"
+            else Layout.EMBEDDING_LAYOUT_FINAL)
+
+    async def Score(self, request, context):
+        started = time.perf_counter()
+        lm, result = await self._forward(context, request, forward_prep.score_request)
+        reply = await asyncio.get_running_loop().run_in_executor(
+            self.prep, score_response, lm, result, request.length_normalize, request.include_token_logprobs)
+        log.info("score: %d candidates, %d tokens evaluated (%d cached) in %.0f ms", len(result.tokens),
+                 result.prompt_tokens, result.cached_tokens, (time.perf_counter() - started) * 1000)
+        return reply
+
+    async def Rerank(self, request, context):
+        started = time.perf_counter()
+        lm, results = await self._forward(context, request, forward_prep.rerank_jobs)
+        documents = list(request.documents)
+        if lm.kind == "embedding":
+            (query, *docs) = [v[0] for v in results[0].vectors]
+            scores = [forward_prep.cosine(query, d) for d in docs]
+        else:
+            scores = [forward_prep.relevance(sum(r.logprobs[0]), sum(r.logprobs[1])) for r in results]
+        evaluated = sum(r.prompt_tokens for r in results)
+        order = sorted(range(len(documents)), key=lambda i: -scores[i])
+        order = order[:request.top_n] if request.top_n > 0 else order
+        log.info("rerank: %d documents, %d tokens evaluated in %.0f ms", len(documents), evaluated,
+                 (time.perf_counter() - started) * 1000)
+        return backend_pb2.RerankResult(
+            usage=backend_pb2.Usage(total_tokens=evaluated, prompt_tokens=evaluated),
+            results=[backend_pb2.DocumentResult(index=i, text=documents[i], relevance_score=scores[i])
+                     for i in order])
+
     async def GetMetrics(self, request, context):
         m = self.engine.metrics
         return backend_pb2.MetricsResponse(
             tokens_per_second=m["tokens_per_second"], tokens_generated=m["tokens_generated"],
             prompt_tokens_processed=m["prompt_tokens_processed"])
+
+
+def _tag(label: str) -> str:
+    return f" ({label})" if label else ""
+
+
+def score_response(lm, result, length_normalize: bool, per_token: bool) -> "backend_pb2.ScoreResponse":
+    """Candidate scores as the host reads them (prep thread: token texts are decoded here)."""
+    out = backend_pb2.ScoreResponse()
+    for tokens, logprobs in zip(result.tokens, result.logprobs):
+        c = out.candidates.add(log_prob=sum(logprobs), num_tokens=len(tokens))
+        if length_normalize:
+            c.length_normalized_log_prob = c.log_prob / max(len(tokens), 1)
+        if per_token:
+            for t, lp in zip(tokens, logprobs):
+                c.tokens.add(token=lm.tokenizer.decode([t]), log_prob=lp)
+    return out
 
 
 def merge_deltas(deltas) -> Delta:

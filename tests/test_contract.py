@@ -53,8 +53,11 @@ def test_package_service_and_enums():
     rpcs = {m.name: (m.input_type.name, m.output_type.name, m.server_streaming) for m in svc.methods}
     assert rpcs["PredictStream"] == ("PredictOptions", "Reply", True)
     assert rpcs["Predict"] == ("PredictOptions", "Reply", False)
+    assert rpcs["Embedding"] == ("PredictOptions", "EmbeddingResult", False)
+    assert rpcs["Score"] == ("ScoreRequest", "ScoreResponse", False)
+    assert rpcs["Rerank"] == ("RerankRequest", "RerankResult", False)
     for name in ("Health", "Free", "LoadModel", "Embedding", "TokenizeString", "Detokenize",
-                 "Status", "Score", "GetMetrics", "ModelMetadata"):
+                 "Status", "Score", "Rerank", "GetMetrics", "ModelMetadata"):
         assert name in rpcs
     state = backend_pb2.StatusResponse.State
     assert (state.UNINITIALIZED, state.BUSY, state.READY, state.ERROR) == (0, 1, 2, -1)

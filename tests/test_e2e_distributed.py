@@ -124,6 +124,19 @@ def test_a_failing_request_fails_alone(group, single):
     assert_same(run(group.stub, greedy("And after it", 8)), run(single.stub, greedy("And after it", 8)))
 
 
+def test_forward_work_is_refused_across_ranks_and_decoding_goes_on(group, single):
+    # Its forward passes would run collectives the other ranks never join.
+    calls = [lambda: group.stub.Embedding(backend_pb2.PredictOptions(Embeddings="a sentence"), timeout=30),
+             lambda: group.stub.Score(backend_pb2.ScoreRequest(prompt="The sky is", candidates=[" blue"]),
+                                      timeout=30)]
+    for call in calls:
+        with pytest.raises(grpc.RpcError) as e:
+            call()
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "across ranks" in e.value.details()
+    opts = greedy("After the refusals", 8)
+    assert_same(run(group.stub, opts), run(single.stub, opts))
+
+
 def test_status_reports_the_group(group):
     breakdown = group.stub.Status(backend_pb2.HealthMessage(), timeout=10).memory.breakdown
     assert breakdown["group_size"] == 2

@@ -128,6 +128,12 @@ def test_concurrent_image_requests_and_a_text_request_equal_each_alone(stub, ref
     assert together[-1].message == text_alone.message
 
 
+def test_forward_work_to_a_vision_model_is_refused_by_name(stub):
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Embedding(backend_pb2.PredictOptions(Embeddings="a sentence"), timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "vision model" in e.value.details()
+
+
 def test_predict_equals_the_aggregated_stream(stub):
     opts = image_chat(7)
     reply = stub.Predict(opts, timeout=120)

@@ -244,6 +244,12 @@ class LockstepEngine(Engine):
             raise EngineError("UNAVAILABLE", f"mlx: lost {self.leader.lost}")
         return self.leader.load(spec)
 
+    def _enqueue_forward(self, command) -> None:  # its passes would run collectives the followers never join
+        from engine import Event
+
+        self._outbox.append((command.sink, Event(error=EngineError(
+            "FAILED_PRECONDITION", "Embedding, Score and Rerank are not served across ranks"))))
+
     def _speculating(self) -> bool:
         return False  # a speculating stream runs outside the batch the followers replay
 

@@ -1,0 +1,375 @@
+"""Forward-only work on the engine thread: embeddings and candidate scores.
+
+No sampling, no decode loop: a forward pass over given tokens, read out as
+pooled hidden states (Embedding) or as log-probabilities of given tokens
+(Score, and Rerank on a causal LM). The engine runs one bounded chunk of it
+between two decode steps, so running streams stall at most one chunk:
+- embedding jobs waiting together are padded into one batch (up to the token
+  budget), whichever call they came from;
+- a score job prefills its shared prompt in chunks (from the prefix cache
+  when it is warm), then evaluates its candidates as one batch, each row
+  continuing the prompt's KV.
+Engine thread only (every MLX call); jobs are built by forward_prep.
+"""
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Deque, List, Optional
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+log = logging.getLogger("mlx-backend.forward")
+
+
+@dataclass
+class EmbedJob:
+    inputs: List[List[int]]  # token ids, one list per text
+    pooling: str  # mean | cls | last | none (one vector per token)
+    normalize: bool
+    model_epoch: int = 0
+    label: str = ""
+    cancelled: bool = False  # set by the servicer when its call ends; the job then leaves the queue
+
+
+@dataclass
+class EmbedResult:
+    vectors: List[List[List[float]]]  # per input: one vector, or one per token with pooling none
+    prompt_tokens: int
+
+
+@dataclass
+class ScoreJob:
+    """Candidates continuing one prompt. `shared` is the prompt's KV part, common to every
+    row; row i's inputs continue it and predict `targets[i]`, of which those from
+    `first[i]` on belong to the candidate (earlier ones re-read the prompt's own tail)."""
+    shared: List[int]
+    rows: List[List[int]]
+    targets: List[List[int]]
+    first: List[int]
+    save_upto: int  # tokens of `shared` kept in the prefix cache afterwards
+    model_epoch: int = 0
+    label: str = ""
+    cancelled: bool = False  # as EmbedJob.cancelled
+
+
+@dataclass
+class ScoreResult:
+    tokens: List[List[int]]  # per candidate: its token ids
+    logprobs: List[List[float]]  # per candidate: log P(token | everything before it)
+    prompt_tokens: int  # tokens evaluated for this job (cached ones not included)
+    cached_tokens: int
+
+
+class Cancelled(Exception):
+    """The job's caller went away before it was done."""
+
+
+@dataclass
+class Forward:
+    """The engine command for one job."""
+    job: Any
+    sink: Any
+
+
+@dataclass
+class _Pending:
+    job: Any
+    sink: Any
+    t_arrived: float
+    done: int = 0  # how far it got: a score's prompt tokens, an embedding's inputs or tokens
+    cache: Any = None
+    cached: int = 0
+    started: bool = False
+    rows_done: int = 0
+    pooled: Any = None  # vectors so far; for a long input, its running sum / last state / states
+    out_tokens: List[List[int]] = field(default_factory=list)
+    out_logprobs: List[List[float]] = field(default_factory=list)
+
+
+class ForwardWork:
+    """The queue of forward jobs and how one chunk of it runs."""
+
+    def __init__(self):
+        self.queue: Deque[_Pending] = deque()
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.queue)
+
+    def hold(self, now: float, coalesce: float) -> float:
+        """How long to wait for calls still being prepared (`coalesce` > 0): concurrent calls reach
+        the engine a few milliseconds apart, and the first would otherwise run alone."""
+        if not self.queue or coalesce <= 0:
+            return 0.0
+        return self.queue[0].t_arrived + coalesce - now
+
+    def add(self, job, sink) -> None:
+        self.queue.append(_Pending(job, sink, time.perf_counter()))
+
+    def drop_all(self) -> List[tuple]:
+        """Every queued job, as (sink, job) pairs, out of the queue."""
+        items = [(p.sink, p.job) for p in self.queue]
+        self.queue.clear()
+        return items
+
+    def run_chunk(self, lm, budget: int, prefix_cache: Callable[[], Any], stream) -> List[tuple]:
+        """One bounded piece of work; the (sink, result) of every job it completed.
+
+        A failure fails the jobs of this chunk only (returned as (sink, exception) pairs).
+        """
+        gone = [p for p in self.queue if p.job.cancelled]
+        for p in gone:
+            self.queue.remove(p)
+            log.info("%s dropped: its caller went away before it was done", type(p.job).__name__)
+        if gone or not self.queue:
+            return [(p.sink, Cancelled()) for p in gone]
+        head = self.queue[0]
+        with mx.stream(stream):
+            if isinstance(head.job, ScoreJob):
+                return self._score_chunk(lm, head, budget, prefix_cache)
+            if _long(lm, head.job, budget):
+                return self._long_embed_chunk(lm, head, budget)
+            return self._embed_chunk(lm, budget)
+
+    # ---- embeddings -------------------------------------------------------------
+
+    def _take_embeds(self, lm, budget: int) -> List[tuple]:
+        """(job, first, end) slices of embedding inputs, oldest first, that padded together fit
+        the budget (one input at least): a job with many inputs (a Rerank) may take several chunks."""
+        taken, rows, width = [], 0, 0
+        for p in self.queue:
+            if not isinstance(p.job, EmbedJob) or _long(lm, p.job, budget):
+                continue
+            inputs, end = p.job.inputs, p.done
+            while end < len(inputs):
+                w = max(width, len(inputs[end]))
+                if rows and (rows + 1) * w > budget:
+                    break
+                rows, width, end = rows + 1, w, end + 1
+            if end > p.done:
+                taken.append((p, p.done, end))
+            if end < len(inputs):  # the budget is full
+                break
+        return taken
+
+    def _embed_chunk(self, lm, budget: int) -> List[tuple]:
+        taken = self._take_embeds(lm, budget)
+        try:
+            hidden, lengths = _hidden_states(lm, [t for p, a, b in taken for t in p.job.inputs[a:b]])
+            log.debug("embedding batch: %d inputs of %d jobs, padded to %d tokens",
+                      len(lengths), len(taken), max(lengths))
+            pooled, at = [], 0
+            for p, a, b in taken:
+                pooled.append(_pool(hidden[at:at + b - a], lengths[at:at + b - a], p.job.pooling, p.job.normalize))
+                at += b - a
+            mx.eval(pooled)  # every job's vectors in one evaluation
+            out = []
+            for (p, a, b), vectors in zip(taken, pooled):
+                p.pooled = (p.pooled or []) + [v.tolist() for v in vectors]
+                p.done = b
+                if b == len(p.job.inputs):
+                    self.queue.remove(p)
+                    out.append((p.sink, EmbedResult(vectors=p.pooled,
+                                                    prompt_tokens=sum(len(t) for t in p.job.inputs))))
+            return out
+        except Exception as e:
+            log.exception("an embedding batch of %d inputs failed", sum(b - a for _, a, b in taken))
+            for p, _, _ in taken:
+                if p in self.queue:
+                    self.queue.remove(p)
+            return [(p.sink, e) for p, _, _ in taken]
+
+    def _long_embed_chunk(self, lm, p: _Pending, budget: int) -> List[tuple]:
+        """One chunk of a causal LM input longer than the budget, continuing its KV cache."""
+        tokens, pooling = p.job.inputs[0], p.job.pooling
+        try:
+            if p.cache is None:
+                p.cache = make_prompt_cache(lm.model)
+            end = min(len(tokens), p.done + budget)
+            h = _inner(lm)(mx.array([tokens[p.done:end]]), cache=p.cache).astype(mx.float32)[0]
+            if pooling == "mean":
+                p.pooled = h.sum(axis=0) if p.pooled is None else p.pooled + h.sum(axis=0)
+            elif pooling == "last":
+                p.pooled = h[-1]
+            elif pooling == "cls":
+                p.pooled = h[0] if p.pooled is None else p.pooled
+            else:
+                p.pooled = (p.pooled or []) + [h]
+            mx.eval(p.pooled, [c.state for c in p.cache])
+            p.done = end
+            if end < len(tokens):
+                return []
+            self.queue.remove(p)
+            if pooling == "none":
+                vectors = mx.concatenate(p.pooled, axis=0)
+            else:
+                vectors = (p.pooled / len(tokens) if pooling == "mean" else p.pooled)[None]
+                if p.job.normalize:
+                    vectors = vectors / mx.maximum(mx.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+            return [(p.sink, EmbedResult(vectors=[vectors.tolist()], prompt_tokens=len(tokens)))]
+        except Exception as e:
+            log.exception("embedding a %d-token input failed", len(tokens))
+            if p in self.queue:
+                self.queue.remove(p)
+            return [(p.sink, e)]
+
+    # ---- scores -----------------------------------------------------------------
+
+    def _score_chunk(self, lm, p: _Pending, budget: int, prefix_cache) -> List[tuple]:
+        job = p.job
+        try:
+            if not p.started:  # the prefix cache is looked up when the job starts, not when it arrives
+                p.started = True
+                p.cache, p.cached = _warm_cache(lm, prefix_cache(), job.shared)
+                p.done = p.cached
+            if p.done < len(job.shared):  # one chunk of the shared prompt
+                end = min(len(job.shared), p.done + budget)
+                lm.model(mx.array([job.shared[p.done:end]]), cache=p.cache)
+                mx.eval([c.state for c in p.cache])
+                p.done = end
+                return []
+            # Rows, as many as fit the budget: each continues the shared prompt's KV.
+            start, width = p.rows_done, 0
+            end = start
+            while end < len(job.rows):
+                w = max(width, len(job.rows[end]))
+                if end > start and (end - start + 1) * w > budget:
+                    break
+                width, end = w, end + 1
+            for tokens, logprobs in _score_rows(lm, p.cache, job, start, end):
+                p.out_tokens.append(tokens)
+                p.out_logprobs.append(logprobs)
+            p.rows_done = end
+            if end < len(job.rows):
+                return []
+            self.queue.popleft()
+            _save(prefix_cache(), lm, job, p.cache)
+            evaluated = len(job.shared) - p.cached + sum(len(r) for r in job.rows)
+            return [(p.sink, ScoreResult(p.out_tokens, p.out_logprobs, evaluated, p.cached))]
+        except Exception as e:
+            log.exception("a score job of %d candidates failed", len(job.rows))
+            if self.queue and self.queue[0] is p:
+                self.queue.popleft()
+            return [(p.sink, e)]
+
+
+def _hidden_states(lm, inputs: List[List[int]]):
+    """Final hidden states [rows, longest, width] of right-padded inputs, and each input's length."""
+    lengths = [len(t) for t in inputs]
+    width = max(lengths)
+    pad = 0
+    if lm.kind == "embedding":
+        pad = lm.tokenizer.pad_token_id or 0
+    ids = mx.array([t + [pad] * (width - len(t)) for t in inputs])
+    if lm.kind == "embedding":
+        mask = mx.array([[1] * n + [0] * (width - n) for n in lengths])
+        hidden = lm.model(ids, attention_mask=mask).last_hidden_state
+    else:
+        # A causal LM: padding on the right is never attended by the real tokens before it.
+        hidden = _inner(lm)(ids)
+    return hidden.astype(mx.float32), lengths
+
+
+def _inner(lm):
+    """A causal LM's body: token ids -> final normed hidden states (mlx-lm's `model.model`)."""
+    inner = getattr(lm.model, "model", None)
+    if inner is None:
+        raise RuntimeError(f"{type(lm.model).__name__} exposes no hidden states to embed")
+    return inner
+
+
+def _long(lm, job, budget: int) -> bool:
+    """A causal LM's single input longer than a chunk: embedded a chunk at a time (an encoder
+    attends both ways and cannot be split)."""
+    return lm.kind == "text" and isinstance(job, EmbedJob) and len(job.inputs) == 1 \
+        and len(job.inputs[0]) > budget
+
+
+def _pool(hidden, lengths: List[int], pooling: str, normalize: bool) -> list:
+    """Per input, its vectors ([1, width], or [tokens, width] with pooling none), not yet evaluated."""
+    if pooling == "none":
+        return [hidden[i, :n] for i, n in enumerate(lengths)]
+    n = mx.array(lengths)
+    if pooling == "mean":  # over the real tokens only, not the padding
+        mask = (mx.arange(hidden.shape[1])[None, :] < n[:, None]).astype(hidden.dtype)[..., None]
+        v = (hidden * mask).sum(axis=1) / n[:, None].astype(hidden.dtype)
+    elif pooling == "cls":
+        v = hidden[:, 0]
+    else:  # last
+        v = hidden[mx.arange(len(lengths)), n - 1]
+    if normalize:
+        v = v / mx.maximum(mx.linalg.norm(v, axis=-1, keepdims=True), 1e-12)
+    return [v[i:i + 1] for i in range(len(lengths))]
+
+
+def _warm_cache(lm, cache_store, shared: List[int]):
+    """A KV cache holding a prefix of `shared` (the longest the prefix cache has) and its length."""
+    cache, rest = (None, shared)
+    if cache_store is not None and shared:
+        cache, rest = cache_store.fetch_nearest_cache(lm.epoch, shared)
+    if cache is None:
+        return make_prompt_cache(lm.model), 0
+    return cache, len(shared) - len(rest)
+
+
+def _batched(cache, rows: int) -> Optional[list]:
+    """The shared prompt's KV repeated for `rows` rows (plain KV caches only), else None."""
+    if not all(type(c) is KVCache for c in cache):
+        return None
+    out = []
+    for c in cache:
+        b = KVCache()
+        if c.offset:
+            k, v = c.keys[..., :c.offset, :], c.values[..., :c.offset, :]
+            b.state = (mx.repeat(k, rows, axis=0), mx.repeat(v, rows, axis=0), c.offset)
+        out.append(b)
+    return out
+
+
+def _score_rows(lm, cache, job: ScoreJob, start: int, end: int):
+    """(candidate token ids, their log-probs) of rows [start, end), evaluated as one batch."""
+    rows = job.rows[start:end]
+    shared = None
+    batch_cache = _batched(cache, len(rows))
+    if batch_cache is None:  # a cache we cannot share (rotating, quantized...): rows from the start
+        shared, batch_cache = job.shared, None
+        rows = [shared + r for r in rows]
+    width = max(len(r) for r in rows)
+    ids = mx.array([r + [0] * (width - len(r)) for r in rows])
+    logits = lm.model(ids, cache=batch_cache)
+    offset = len(shared) if shared is not None else 0
+    index = [[0] * width for _ in rows]
+    for i, targets in enumerate(job.targets[start:end]):
+        for j, t in enumerate(targets):
+            index[i][offset + j] = t
+    # float64 (CPU only in MLX): a float32 sum over a 50k-token vocabulary drifts by ~1e-4.
+    with mx.stream(mx.cpu):
+        wide = logits.astype(mx.float64)
+        picked = mx.take_along_axis(wide, mx.array(index)[..., None], axis=-1)[..., 0] \
+            - mx.logsumexp(wide, axis=-1)
+        mx.eval(picked)
+    picked = picked.tolist()
+    for i, targets in enumerate(job.targets[start:end]):
+        first = job.first[start + i]
+        yield targets[first:], picked[i][offset + first: offset + len(targets)]
+
+
+def _save(cache_store, lm, job: ScoreJob, cache) -> None:
+    """Keep the shared prompt's KV (up to the stable prefix) for the next call."""
+    if cache_store is None or job.save_upto <= 0 or not all(type(c) is KVCache for c in cache):
+        return
+    try:
+        keep = []
+        for c in cache:
+            b = KVCache()
+            n = job.save_upto
+            # Compact copies: views would pin the whole buffer (see text_batch.save).
+            b.state = (mx.array(c.keys[..., :n, :]), mx.array(c.values[..., :n, :]), n)
+            keep.append(b)
+        mx.eval([b.state for b in keep])
+        cache_store.insert_cache(lm.epoch, list(job.shared[:job.save_upto]), keep)
+    except Exception:  # the scores are complete: losing the cache entry must not fail them
+        log.exception("keeping a score prompt in the prefix cache failed")

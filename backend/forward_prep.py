@@ -1,0 +1,193 @@
+"""Embedding, Score and Rerank requests -> forward jobs (preparation thread, no MLX).
+
+Tokenizing and every check of the input happen here; the engine gets jobs
+it can run as they are. Bad input raises OptionError (INVALID_ARGUMENT) or
+EngineError (RESOURCE_EXHAUSTED for inputs longer than the context).
+"""
+
+import math
+from typing import List, Sequence, Tuple
+
+from common.python_utils import OptionError, option_int
+from engine import EngineError
+from forward import EmbedJob, ScoreJob
+
+MAX_CANDIDATES = 256  # per Score call; the Option `max_candidates` changes it
+MAX_DOCUMENTS = 256  # per Rerank call; the Option `max_documents` changes it
+
+# The Qwen3-Reranker recipe: the model judges relevance with "yes" or "no".
+RERANK_SYSTEM = ('Judge whether the Document meets the requirements based on the Query and the Instruct '
+                 'provided. Note that the answer can only be "yes" or "no".')
+RERANK_INSTRUCT = "Given a web search query, retrieve relevant passages that answer the query"
+
+
+def _fits(lm, n: int, what: str) -> None:
+    if n > lm.context_size:
+        raise EngineError("RESOURCE_EXHAUSTED", f"{what} is {n} tokens; the context holds {lm.context_size}")
+
+
+def encode_text(lm, text: str) -> List[int]:
+    """Token ids of a text as the model reads a whole input (its BOS, or [CLS] .. [SEP])."""
+    tok = lm.tokenizer
+    bos = getattr(tok, "bos_token", None)
+    return list(tok.encode(text, add_special_tokens=not (bos and text.startswith(bos))))
+
+
+def embed_inputs(lm, texts: Sequence[str], names: Sequence[str]) -> List[List[int]]:
+    out = []
+    for text, name in zip(texts, names):
+        if not text:
+            raise OptionError(f"{name}: empty")
+        tokens = encode_text(lm, text)
+        if not tokens:
+            raise OptionError(f"{name}: it tokenizes to nothing")
+        _fits(lm, len(tokens), name)
+        out.append(tokens)
+    return out
+
+
+def embed_job(lm, opts) -> EmbedJob:
+    """Embedding(PredictOptions): the text in `Embeddings`, or token ids in `EmbeddingTokens`."""
+    if opts.EmbeddingTokens:
+        vocab = int(lm.config.get("vocab_size") or len(lm.tokenizer))
+        bad = [t for t in opts.EmbeddingTokens if not 0 <= t < vocab]
+        if bad:
+            raise OptionError(f"EmbeddingTokens: ids out of range [0, {vocab}): {bad[:5]}")
+        _fits(lm, len(opts.EmbeddingTokens), "EmbeddingTokens")
+        inputs = [list(opts.EmbeddingTokens)]
+    else:
+        text = opts.Embeddings or opts.Prompt
+        if not text:
+            raise OptionError("Embeddings: empty (send the text in Embeddings, or EmbeddingTokens)")
+        inputs = embed_inputs(lm, [text], ["Embeddings"])
+    spec = lm.embedding
+    return EmbedJob(inputs=inputs, pooling=spec.pooling, normalize=spec.normalize,
+                    model_epoch=lm.epoch, label=opts.CorrelationId)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _needs_causal_lm(lm, rpc: str) -> None:
+    if lm.kind != "text":
+        raise OptionError(f"{rpc}: the loaded model is an embedding model; {rpc} needs a causal language model")
+
+
+def score_job(lm, prompt: str, candidates: Sequence[str], stable_prefix_len: int = 0,
+              label: str = "") -> ScoreJob:
+    """Each candidate scored as the model would generate it after `prompt`.
+
+    prompt+candidate is tokenized as one text and split where its tokens stop
+    matching the prompt's own: a candidate whose first characters merge with
+    the prompt's last token (" Paris" after "is", or "ing" after "go") is
+    scored from that merged token on, as the model would produce it.
+    """
+    _needs_causal_lm(lm, "Score")
+    limit = option_int(lm.options, "max_candidates", MAX_CANDIDATES, minimum=1)
+    if not candidates:
+        raise OptionError("candidates: empty (send at least one)")
+    if len(candidates) > limit:
+        raise OptionError(f"candidates: {len(candidates)} given; at most {limit} per call")
+    if not prompt:
+        raise OptionError("prompt: empty (a candidate is scored after a prompt)")
+    for i, c in enumerate(candidates):
+        if not c:
+            raise OptionError(f"candidates[{i}]: empty")
+    raw = prompt.encode("utf-8")
+    if not 0 <= stable_prefix_len <= len(raw):
+        raise OptionError(f"stable_prefix_len: must be within [0, {len(raw)}] (the prompt's bytes), "
+                          f"got {stable_prefix_len}")
+    p = encode_text(lm, prompt)
+    full = [encode_text(lm, prompt + c) for c in candidates]
+    _fits(lm, max(len(f) for f in full), "prompt + the longest candidate")
+    splits = [_common_prefix(p, f) for f in full]
+    for i, (k, f) in enumerate(zip(splits, full)):
+        if k >= len(f):
+            raise OptionError(f"candidates[{i}]: adds no token to the prompt")
+    s = min(splits)
+    if s == 0:
+        raise OptionError("prompt: the candidates leave no prompt token to condition on")
+    # Rows start at the last common token, whose logits predict the first token that differs.
+    shared = p[:s - 1]
+    save = len(shared)
+    if stable_prefix_len:
+        stable = encode_text(lm, raw[:stable_prefix_len].decode("utf-8", errors="ignore"))
+        # Its last token may merge with what follows it: only tokens the prompt has too.
+        save = min(save, max(0, _common_prefix(stable, p) - 1))
+    return ScoreJob(shared=shared, rows=[f[s - 1:-1] for f in full], targets=[f[s:] for f in full],
+                    first=[k - s for k in splits], save_upto=save, model_epoch=lm.epoch, label=label)
+
+
+def score_request(lm, req) -> ScoreJob:
+    return score_job(lm, req.prompt, list(req.candidates), req.stable_prefix_len)
+
+
+def rerank_prompt(lm, query: str, document: str) -> Tuple[str, int]:
+    """The relevance question for one document, and the byte length of its part before the document."""
+    instruct = str(lm.options.get("rerank_instruct", RERANK_INSTRUCT))
+    head = f"<Instruct>: {instruct}\n<Query>: {query}\n<Document>: "
+    user = head + document
+    tok = lm.tokenizer
+    if getattr(tok, "has_chat_template", False) or getattr(tok, "chat_template", None):
+        messages = [{"role": "system", "content": RERANK_SYSTEM}, {"role": "user", "content": user}]
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        mark = "\x00doc\x00"  # where the document sits in the rendered text
+        probe = tok.apply_chat_template(
+            [messages[0], {"role": "user", "content": head + mark}], add_generation_prompt=True, tokenize=False)
+        before = probe.split(mark, 1)[0] if mark in probe else ""
+    else:
+        text = f"{RERANK_SYSTEM}\n\n{user}\n\nAnswer: "
+        before = f"{RERANK_SYSTEM}\n\n{head}"
+    stable = len(before.encode("utf-8")) if text.startswith(before) else 0
+    return text, stable
+
+
+def check_documents(lm, query: str, documents: Sequence[str], top_n: int) -> None:
+    if not query:
+        raise OptionError("query: empty")
+    if not documents:
+        raise OptionError("documents: empty (send at least one)")
+    limit = option_int(lm.options, "max_documents", MAX_DOCUMENTS, minimum=1)
+    if len(documents) > limit:
+        raise OptionError(f"documents: {len(documents)} given; at most {limit} per call")
+    if top_n < 0:
+        raise OptionError(f"top_n: must be >= 0 (0 = all), got {top_n}")
+
+
+def rerank_jobs(lm, req) -> list:
+    """An embedding job of the query and the documents, or one yes/no score job per document."""
+    documents = list(req.documents)
+    check_documents(lm, req.query, documents, req.top_n)
+    if lm.kind == "embedding":
+        inputs = embed_inputs(lm, [req.query] + documents,
+                              ["query"] + [f"documents[{i}]" for i in range(len(documents))])
+        pooling = lm.embedding.pooling if lm.embedding.pooling != "none" else "mean"
+        return [EmbedJob(inputs=inputs, pooling=pooling, normalize=True, model_epoch=lm.epoch)]
+    for i, d in enumerate(documents):
+        if not d:
+            raise OptionError(f"documents[{i}]: empty")
+    jobs = []
+    for d in documents:
+        text, stable = rerank_prompt(lm, req.query, d)
+        jobs.append(score_job(lm, text, ["yes", "no"], stable))
+    return jobs
+
+
+def relevance(yes: float, no: float) -> float:
+    """P("yes") between the two answers, from their log-probabilities."""
+    top = max(yes, no)
+    a, b = math.exp(yes - top), math.exp(no - top)
+    return a / (a + b)
+
+
+def cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b))
+    na = math.sqrt(sum(x * x for x in a))
+    nb = math.sqrt(sum(y * y for y in b))
+    return dot / max(na * nb, 1e-12)
