@@ -22,6 +22,7 @@ How it is like for like:
 - Every prompt is a raw `Prompt` whose first token no earlier prompt had, so
   our prefix cache never helps (except (d)'s warm request, on purpose). The
   raw side gets exactly the token ids our server's TokenizeString returns.
+- Speculation off on our side (bench_spec.py measures it against raw mlx-lm).
 - Greedy on both sides; both stop at end-of-sequence; the server is loaded
   with prefill_step_size N and raw mlx-lm prefills in chunks of the same N.
 """
@@ -402,7 +403,8 @@ def main() -> None:
     try:
         with Backend(log_path=args.log) as b:
             stub = b.stub
-            loaded = b.load("", Options=[f"prefill_step_size:{args.prefill_step}"])
+            # Plain decoding against plain decoding: speculation has its own bench (bench_spec.py).
+            loaded = b.load("", Options=[f"prefill_step_size:{args.prefill_step}", "speculation:off"])
             assert loaded.success, loaded.message
             hello = raw.stdout.readline()
             if not hello:
