@@ -83,18 +83,9 @@ class TextBatch:
         the first token, where the batch generator takes a pass for the prompt, one for its
         last token and waits on the next.
         """
-        cache, rest = self.cache.fetch_nearest_cache(self.lm.epoch, prompt)
-        if cache is not None and not rest:
-            # The whole prompt is cached: recompute its last token for the logits.
-            if can_trim_prompt_cache(cache):
-                trim_prompt_cache(cache, 1)
-                rest = prompt[-1:]
-            else:
-                cache, rest = None, prompt
+        cache, rest = self._nearest(prompt)
         cached = len(prompt) - len(rest)
-        sampler = make_sampler(sampling, len(self.lm.tokenizer))
-        sampler = guarded(sampler, _argmax, on_error) if sampler else None
-        processors = [guarded(p, _unchanged, on_error) for p in make_processors(sampling, extra)]
+        sampler, processors = self._guarded(sampling, extra, on_error)
         first = None
         if direct and len(rest) <= self.prefill_step_size:
             cache = cache if cache is not None else make_prompt_cache(self.lm.model)
@@ -115,6 +106,24 @@ class TextBatch:
         if first is not None:
             first.uid = uid
         return uid, cached, first
+
+    def _nearest(self, key: List[Any]) -> Tuple[Any, List[Any]]:
+        """The longest cached prefix of `key` and the rest to prefill (at least one token,
+        for the logits: a wholly cached prompt recomputes its last token)."""
+        cache, rest = self.cache.fetch_nearest_cache(self.lm.epoch, key)
+        if cache is not None and not rest:
+            if can_trim_prompt_cache(cache):
+                trim_prompt_cache(cache, 1)
+                rest = key[-1:]
+            else:
+                cache, rest = None, key
+        return cache, rest
+
+    def _guarded(self, sampling: SamplingParams, extra: List[Any], on_error: Callable[[Exception], None]):
+        """The request's own sampler (None: greedy) and logits processors, each failing it alone."""
+        sampler = make_sampler(sampling, len(self.lm.tokenizer))
+        return (guarded(sampler, _argmax, on_error) if sampler else None,
+                [guarded(p, _unchanged, on_error) for p in make_processors(sampling, extra)])
 
     def _prefill_and_sample(self, cache, rest: List[int], prompt: List[int], sampler, processors):
         with mx.stream(self.gen.stream):

@@ -28,10 +28,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import mlx.core as mx
-from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
-from sampling import SamplingParams, make_processors, make_sampler
-from text_batch import First, TextBatch, _argmax, _unchanged, guarded
+from sampling import SamplingParams
+from text_batch import First, TextBatch, _argmax
 
 log = logging.getLogger("mlx-backend.vision")
 
@@ -71,21 +70,14 @@ class VisionBatch(TextBatch):
         """As TextBatch.admit; the first token comes back here when nothing else runs, else
         from a later step() once the prefill is done."""
         key = media.key if media is not None else list(prompt)
-        cache, rest = self.cache.fetch_nearest_cache(self.lm.epoch, key)
-        if cache is not None and not rest:
-            if can_trim_prompt_cache(cache):  # recompute the last token for its logits
-                trim_prompt_cache(cache, 1)
-                rest = key[-1:]
-            else:
-                cache, rest = None, key
+        cache, rest = self._nearest(key)
         cached = len(prompt) - len(rest)
-        sampler = make_sampler(sampling, len(self.lm.tokenizer))
+        sampler, processors = self._guarded(sampling, extra, on_error)
         p = _Prefill(
             uid=next(self._uids), prompt=list(prompt), key=key,
             cache=cache if cache is not None else self.lm.model.make_cache(), at=cached, media=media,
             max_tokens=max_tokens, ignore_eos=ignore_eos,
-            sampler=guarded(sampler, _argmax, on_error) if sampler else None,
-            processors=[guarded(p, _unchanged, on_error) for p in make_processors(sampling, extra)],
+            sampler=sampler, processors=processors,
             on_error=on_error)
         if self._ours or self._pending:
             self._pending.append(p)
