@@ -337,7 +337,7 @@ class Engine:
             return 0.0
         now = time.perf_counter()
         text = self._waiting[0].t_arrived + COALESCE_S - now if self._waiting and self.preparing > 0 else 0.0
-        return max(0.0, text, self._forward.hold(now, COALESCE_S if self.preparing > 0 else 0.0))
+        return max(0.0, text, self._forward.hold(now, COALESCE_S, self.preparing > 0))
 
     def _drain_inbox(self, timeout: Optional[float]) -> None:
         """Handle every command in the inbox, first waiting up to `timeout` (None: forever) for one."""
