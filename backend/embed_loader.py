@@ -88,6 +88,8 @@ def load(spec, source: str, started: float):
     from mlx_embeddings.utils import load_model
     from transformers import AutoTokenizer
 
+    import fast_gelu
+    from common.python_utils import option_bool
     from model_loader import LoadedModel, ModelLoadError, _materialize
 
     path = Path(source)
@@ -102,12 +104,14 @@ def load(spec, source: str, started: float):
         model.set_dtype(getattr(mx, spec.dtype))
     _materialize(model)
     mx.clear_cache()
+    # The CPU's erf is scalar: exact GELU from multiply-adds instead (fast_gelu.py); Option `fast_gelu:false` keeps the library's.
+    swapped = fast_gelu.swap_in(model) if option_bool(spec.options, "fast_gelu", True) else 0
     ctx = min(spec.context_size or 1 << 30, max_length(path, config))
     loaded = LoadedModel(
         name=spec.model, source=source, model=model, tokenizer=tokenizer, config=config,
         context_size=ctx, dtype=spec.dtype if spec.dtype not in ("auto", "native") else "native",
         options=spec.options, load_seconds=time.monotonic() - started, kind="embedding", embedding=embedding)
-    log.info("loaded %s (embedding model %s, pooling %s%s, context %d) in %.1fs", source,
+    log.info("loaded %s (embedding model %s, pooling %s%s, context %d%s) in %.1fs", source,
              config.get("model_type"), embedding.pooling, ", normalised" if embedding.normalize else "",
-             ctx, loaded.load_seconds)
+             ctx, f", {swapped} GELU layers on fast_gelu" if swapped else "", loaded.load_seconds)
     return loaded

@@ -5,6 +5,8 @@
       concurrent Embedding calls to our server (all-MiniLM-L6-v2), vs
       mlx-embeddings called directly on the same 32 sentences as one batch
       (its tokenizer with padding, its model, its pooled `text_embeds`).
+      On the CPU our server computes GELU from multiply-adds (fast_gelu.py);
+      (a') repeats (a) with that off, to show what serving alone costs.
   (b) Score of 8 candidates after a ~300-token prompt: our Score call vs one
       direct mlx-lm prefill of the prompt plus one batched pass of the 8
       candidates continuing its KV (SmolLM2, the same converted GGUF and dtype).
@@ -170,12 +172,14 @@ def main() -> None:
     from pathlib import Path
 
     model, tok = load_model(Path(minilm_dir())), AutoTokenizer.from_pretrained(minilm_dir())
-    with Backend(log_path=args.log) as b:
-        assert b.load(minilm_dir()).success
-        ours_embed(b.stub, pb), raw_embed(model, tok)  # warm both
-        pairs = [paired(r, lambda: ours_embed(b.stub, pb), lambda: raw_embed(model, tok))
-                 for r in range(args.rounds)]
-    report("(a) Embedding, 32 sentences", pairs, lambda s: len(SENTENCES) / s, "sentences/s")
+    for options, name in (([], "(a) Embedding, 32 sentences"),
+                          (["fast_gelu:false"], "(a') the same, our GELU off (serving overhead alone)")):
+        with Backend(log_path=args.log) as b:
+            assert b.load(minilm_dir(), Options=options).success
+            ours_embed(b.stub, pb), raw_embed(model, tok)  # warm both
+            pairs = [paired(r, lambda: ours_embed(b.stub, pb), lambda: raw_embed(model, tok))
+                     for r in range(args.rounds)]
+        report(name, pairs, lambda s: len(SENTENCES) / s, "sentences/s")
 
     # (b) scores
     lm = model_loader.load(model_loader.LoadSpec(model=model_loader.embedded_default(), dtype="float32"))

@@ -114,7 +114,7 @@ def test_encoder_embeddings_match_a_numpy_bert(minilm, reference_bert):
         assert (reply.tokens, reply.dim, reply.prompt_tokens) == (1, 384, len(ids))
         assert reply.layout == backend_pb2.EmbeddingLayout.EMBEDDING_LAYOUT_FINAL
         ref = numpy_sentence_embedding(weights, config, ids)
-        assert cosine(reply.embeddings, ref) >= 0.999, sentence
+        assert cosine(reply.embeddings, ref) >= 0.999999, sentence  # float32 both: ~1 - 1e-12 seen
         assert abs(np.linalg.norm(reply.embeddings) - 1.0) < 1e-4  # the model's Normalize module
 
 
