@@ -18,6 +18,7 @@ import itertools
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -118,6 +119,14 @@ def _deliver(batch) -> None:
 COALESCE_S = 0.1
 
 
+LOOP_BACKOFF_MAX_S = 0.5  # the longest pause between two passes of a loop that keeps failing
+LOOP_FAULT_PASSES = 12  # tests only: how many passes in a row Metadata fault "loop" fails
+
+
+def _backoff(failures: int) -> float:
+    return min(0.001 * 2 ** (failures - 2), LOOP_BACKOFF_MAX_S)
+
+
 class _InjectedDeath(BaseException):
     """Kills the engine thread: tests of a dead engine only."""
 
@@ -185,6 +194,7 @@ class Engine:
         self._solo = None  # speculate.Solo: the lone request decoding speculatively, out of the batch
         self._forward = ForwardWork()  # embeddings and scores, run a chunk at a time between steps
         self._stopping = False
+        self._loop_faults = 0  # tests only: passes of the loop still to fail (Metadata fault "loop")
         self.on_close: Optional[Callable[[str], None]] = None  # told, from the engine thread, why it ended
         self._thread = threading.Thread(target=self._run, name="mlx-engine", daemon=True)
         self._thread.start()
@@ -260,9 +270,12 @@ class Engine:
 
             self._mx = mx
             self._stream = mx.default_stream(mx.default_device())
-            last_mem = 0.0
+            last_mem, failures = 0.0, 0
             while not self._stopping:
                 try:
+                    if self._loop_faults:  # tests only: a fault that recurs on every pass
+                        self._loop_faults -= 1
+                        raise RuntimeError("injected fault in the engine loop")
                     now = time.monotonic()
                     idle = not self.busy
                     if idle or now - last_mem > 0.5:  # fresh figures for Status, cheap
@@ -276,9 +289,10 @@ class Engine:
                         self._step()
                     if self._forward.pending and not self._hold():
                         self._forward_chunk()
+                    failures = 0
                 except Exception:  # a bug in the batch as a whole: fail what runs, keep serving
-                    log.exception("engine step failed; failing the running requests")
-                    self._fail_running(EngineError("INTERNAL", "internal engine error (see the backend log)"))
+                    failures += 1
+                    self._loop_failed(failures)
                 finally:
                     self._flush()
         except BaseException as e:
@@ -286,6 +300,22 @@ class Engine:
             log.critical("%s; every request now fails with UNAVAILABLE", cause, exc_info=True)
         finally:
             self._close(cause)
+
+    def _loop_failed(self, failures: int) -> None:
+        """A pass of the loop raised (`failures` passes in a row): fail what runs, keep serving.
+
+        A fault that recurs on every pass must neither flood the log nor spin a core:
+        the first one is logged with its traceback, repeats at 2, 4, 8... in a row, and
+        the loop pauses 1 ms, 2 ms, 4 ms... (at most LOOP_BACKOFF_MAX_S) before the next pass.
+        """
+        if failures == 1:
+            log.exception("engine step failed; failing the running requests")
+        elif failures & (failures - 1) == 0:
+            log.error("engine step failed %d times in a row (%s); pausing %.0f ms between passes",
+                      failures, sys.exc_info()[1], _backoff(failures) * 1000)
+        self._fail_running(EngineError("INTERNAL", "internal engine error (see the backend log)"))
+        if failures > 1:
+            time.sleep(_backoff(failures))
 
     def _close(self, cause: str) -> None:
         """No command is accepted any more; everything still inside gets its last event."""
@@ -471,6 +501,8 @@ class Engine:
                 _inject(slot, "admit")
                 if req.fault == "engine":
                     raise _InjectedDeath("injected engine death")
+                if req.fault == "loop":
+                    self._loop_faults = LOOP_FAULT_PASSES
                 uid, slot.cached, first = self._batch().admit(
                     req.prompt, req.max_tokens, req.sampling, req.processors, req.ignore_eos,
                     on_error=lambda e, slot=slot: self._sampling_failed(slot, e), direct=direct,

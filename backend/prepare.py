@@ -175,7 +175,7 @@ def sampling_params(opts, options: Dict[str, Any], vocab: int = 1 << 31) -> Samp
     )
 
 
-FAULT_SITES = ("admit", "cache", "engine")  # where Metadata `fault` makes the engine fail
+FAULT_SITES = ("admit", "cache", "engine", "loop")  # where Metadata `fault` makes the engine fail
 
 
 def _fault_step(meta, key: str) -> int:

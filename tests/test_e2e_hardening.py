@@ -5,6 +5,7 @@ Paths no client input reaches are driven by the env-gated fault injector
 """
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -112,6 +113,24 @@ def test_a_failing_grammar_fails_its_request(faulty):
     assert results[0].code() == grpc.StatusCode.INTERNAL
     assert "grammar failed" in results[0].details()
     assert results[1] == solo
+
+
+def test_a_fault_recurring_on_every_pass_neither_floods_the_log_nor_wedges(faulty):
+    """The engine loop raising on 12 passes in a row: one traceback, a line at 2, 4 and 8 in a row
+    with a growing pause, the requests it ran fail with INTERNAL, and the next request is served."""
+    stub = faulty.stub
+    before = os.path.getsize(faulty.log_path)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Predict(faulty_opts(chat("Hello", Tokens=8), fault="loop"), timeout=60)
+    assert err.value.code() == grpc.StatusCode.INTERNAL
+    assert stub.Predict(chat("Name a river.", Tokens=4), timeout=60).tokens == 4
+    with open(faulty.log_path, "rb") as f:
+        f.seek(before)
+        log = f.read().decode(errors="replace")
+    assert log.count("engine step failed") == 1 + 3  # with the traceback, then at 2, 4 and 8 in a row
+    assert log.count("Traceback") == 1
+    for n, pause in ((2, 1), (4, 4), (8, 64)):
+        assert f"engine step failed {n} times in a row (injected fault in the engine loop); pausing {pause} ms" in log
 
 
 # ---- loading while streams run ------------------------------------------------------
