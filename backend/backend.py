@@ -82,6 +82,8 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             self._check_identity(lm, request.ModelIdentity)
             if lm.kind == "embedding":
                 raise OptionError("the loaded model is an embedding model: it serves Embedding and Rerank only")
+            if lm.kind == "reranker":
+                raise OptionError("the loaded model is a cross-encoder reranker: it serves Rerank only")
             self.engine.preparing += 1  # the engine may wait for it to prefill a burst together
             try:
                 return await asyncio.get_running_loop().run_in_executor(self.prep, prepare.build_request, lm, request)
@@ -300,6 +302,8 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         if lm.kind == "embedding":
             (query, *docs) = [v[0] for v in results[0].vectors]
             scores = [forward_prep.cosine(query, d) for d in docs]
+        elif lm.kind == "reranker":  # sigmoid of the classifier's logit, per document
+            scores = results[0].scores
         else:
             scores = [forward_prep.relevance(sum(r.logprobs[0]), sum(r.logprobs[1])) for r in results]
         evaluated = sum(r.prompt_tokens for r in results)

@@ -21,6 +21,7 @@ from typing import Any, Callable, Deque, List, Optional
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+import pair_forward
 from row_batch import take_rows
 
 log = logging.getLogger("mlx-backend.forward")
@@ -132,6 +133,8 @@ class ForwardWork:
         with mx.stream(stream):
             if isinstance(head.job, ScoreJob):
                 return self._score_chunk(lm, head, budget, prefix_cache)
+            if isinstance(head.job, pair_forward.PairJob):
+                return pair_forward.run_chunk(self.queue, lm, budget)
             if _long(lm, head.job, budget):
                 return self._long_embed_chunk(lm, head, budget)
             return self._embed_chunk(lm, budget)
