@@ -1,8 +1,9 @@
 """End-to-end: Rerank with a cross-encoder (BERT sequence classification, one label).
 
-The checkpoint is a tiny random-weight BERT built by rerank_fixture. The
-oracle is mlx-vlm's own reranker: its loader and its scoring of the same
-checkpoint, run here in the test process.
+The checkpoints are tiny random-weight BERT and XLM-R classifiers built by
+rerank_fixture (BERT's pairs carry token_type_ids, XLM-R's none). The oracle
+is mlx-vlm's own reranker: its loader and its scoring of the same checkpoint,
+run here in the test process.
 """
 
 import json
@@ -27,20 +28,26 @@ DOCUMENTS = [
 ]
 
 
+@pytest.fixture(scope="module", params=["bert", "xlm-roberta"])
+def model_type(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def cross(log_dir):
+def cross(log_dir, model_type):
     # Small forward chunks: a call's pairs take several passes, and concurrent calls share them.
-    yield from serving(log_dir / "rerank-cross.log", tiny_cross_encoder(), Options=["forward_chunk_tokens:64"])
+    yield from serving(log_dir / f"rerank-{model_type}.log", tiny_cross_encoder(model_type),
+                       Options=["forward_chunk_tokens:64"])
 
 
 @pytest.fixture(scope="module")
-def oracle():
+def oracle(model_type):
     """scores(query, documents) -> (mlx-vlm's relevance scores, its prompt token count)."""
     from mlx_vlm.reranker_loader import load_reranker
     from mlx_vlm.server.reranking import RerankItem, score_documents
     from mlx_vlm.utils import load_config
 
-    path = tiny_cross_encoder()
+    path = tiny_cross_encoder(model_type)
     model, processor = load_reranker(path)
     config = load_config(path)
 
@@ -97,7 +104,7 @@ def test_concurrent_calls_each_equal_alone(cross):
         assert all(abs(got[i] - a[i]) < 1e-5 for i in a)
 
 
-def test_other_requests_refused_and_serving_goes_on(cross):
+def test_other_requests_refused_and_serving_goes_on(cross, model_type):
     stub = cross.stub
     INVALID = grpc.StatusCode.INVALID_ARGUMENT
     opts = backend_pb2.PredictOptions
@@ -109,7 +116,7 @@ def test_other_requests_refused_and_serving_goes_on(cross):
         assert code == INVALID and "cross-encoder" in details, details
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(tiny_cross_encoder())
+    tok = AutoTokenizer.from_pretrained(tiny_cross_encoder(model_type))
     reply = stub.TokenizeString(opts(Prompt="Paris is lovely"), timeout=30)
     assert list(reply.tokens) == tok("Paris is lovely")["input_ids"]
     assert len(rerank(stub).results) == len(DOCUMENTS)
@@ -132,8 +139,8 @@ def test_bad_input(cross):
     assert len(rerank(stub).results) == len(DOCUMENTS)
 
 
-def test_classifiers_that_are_no_cross_encoder_are_refused(cross, tmp_path):
-    result = cross.load(tiny_cross_encoder(num_labels=2))
+def test_classifiers_that_are_no_cross_encoder_are_refused(cross, model_type, tmp_path):
+    result = cross.load(tiny_cross_encoder(model_type, num_labels=2))
     assert not result.success and "exactly one output label" in result.message, result.message
     (tmp_path / "config.json").write_text(json.dumps(
         {"model_type": "llama", "architectures": ["LlamaForSequenceClassification"], "num_labels": 1}))
