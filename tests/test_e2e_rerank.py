@@ -119,6 +119,8 @@ def test_other_requests_refused_and_serving_goes_on(cross, model_type):
     tok = AutoTokenizer.from_pretrained(tiny_cross_encoder(model_type))
     reply = stub.TokenizeString(opts(Prompt="Paris is lovely"), timeout=30)
     assert list(reply.tokens) == tok("Paris is lovely")["input_ids"]
+    meta = stub.ModelMetadata(backend_pb2.ModelOptions(), timeout=30)  # no chat format to report
+    assert not meta.supports_thinking and not meta.rendered_template
     assert len(rerank(stub).results) == len(DOCUMENTS)
 
 
