@@ -1,11 +1,13 @@
-"""Tiny random-weight cross-encoders (BERT or XLM-R ForSequenceClassification, one label).
+"""Tiny random-weight cross-encoders (BERT, XLM-R or ModernBERT ForSequenceClassification, one label).
 
 No real cross-encoder installs offline. The weights are mlx-vlm's own
 sequence-classification model at random init (seeded), saved under the
 Hugging Face names mlx-vlm's loader reads back; the tokenizer (BERT WordPiece,
 30522 tokens) is all-MiniLM-L6-v2's, so queries and documents tokenize as real
-text does. The XLM-R variant keeps that tokenizer but, like RoBERTa's, it gives
-no token_type_ids (the model has one segment embedding).
+text does. The XLM-R and ModernBERT variants keep that tokenizer but, like their
+own, it gives no token_type_ids (XLM-R has one segment embedding, ModernBERT
+none); the ModernBERT one mean-pools (padding must not count) and attends
+locally in a window shorter than a pair.
 Random weights still make a deterministic function of (query, document): enough to
 compare our server with mlx-vlm's own scoring of the same checkpoint.
 """
@@ -20,7 +22,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 # model_type -> (architecture, mlx-vlm module, the body's name in Hugging Face checkpoints)
 KINDS = {"bert": ("BertForSequenceClassification", "bert", "bert"),
-         "xlm-roberta": ("XLMRobertaForSequenceClassification", "xlm_roberta", "roberta")}
+         "xlm-roberta": ("XLMRobertaForSequenceClassification", "xlm_roberta", "roberta"),
+         "modernbert": ("ModernBertForSequenceClassification", "modernbert", "model")}
 
 
 def build(target: Path, model_type: str = "bert", width: int = 32, layers: int = 2,
@@ -37,7 +40,7 @@ def build(target: Path, model_type: str = "bert", width: int = 32, layers: int =
     xlmr = model_type == "xlm-roberta"
     for name in TOKENIZER_FILES:
         shutil.copy(Path(minilm_dir()) / name, target / name)
-    if xlmr:  # a tokenizer without segments, as RoBERTa's
+    if model_type != "bert":  # a tokenizer without segments, as theirs
         tok_config = json.loads((target / "tokenizer_config.json").read_text())
         tok_config["model_input_names"] = ["input_ids", "attention_mask"]
         (target / "tokenizer_config.json").write_text(json.dumps(tok_config))
@@ -50,6 +53,9 @@ def build(target: Path, model_type: str = "bert", width: int = 32, layers: int =
         "layer_norm_eps": 1e-5 if xlmr else 1e-12, "pad_token_id": 0, "hidden_act": "gelu",
         "num_labels": 1, "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0},
     }
+    if model_type == "modernbert":
+        config.update(global_attn_every_n_layers=2, local_attention=8, classifier_pooling="mean",
+                      norm_eps=1e-5, max_position_embeddings=max_positions)
     (target / "config.json").write_text(json.dumps(config, indent=1))
     module = importlib.import_module(f"mlx_vlm.models.{module_name}")
     mx.random.seed(0)
@@ -58,7 +64,7 @@ def build(target: Path, model_type: str = "bert", width: int = 32, layers: int =
     # the scores, so an order and a swapped query/document are visible.
     weights = {k: v * 4 if v.ndim >= 2 else v for k, v in tree_flatten(model.parameters())}
     # Hugging Face's names (`bert.` / `roberta.` before the body): the loader's sanitize strips it.
-    weights = {k if k.startswith("classifier.") else f"{body}.{k}": v for k, v in weights.items()}
+    weights = {k if k.startswith(("classifier.", "head.")) else f"{body}.{k}": v for k, v in weights.items()}
     mx.save_safetensors(str(target / "model.safetensors"), weights)
     return target
 

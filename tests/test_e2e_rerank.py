@@ -1,7 +1,8 @@
 """End-to-end: Rerank with a cross-encoder (BERT sequence classification, one label).
 
-The checkpoints are tiny random-weight BERT and XLM-R classifiers built by
-rerank_fixture (BERT's pairs carry token_type_ids, XLM-R's none). The oracle
+The checkpoints are tiny random-weight BERT, XLM-R and ModernBERT classifiers
+built by rerank_fixture (BERT's pairs carry token_type_ids, the others' none;
+ModernBERT mean-pools over the real tokens). The oracle
 is mlx-vlm's own reranker: its loader and its scoring of the same checkpoint,
 run here in the test process.
 """
@@ -28,7 +29,7 @@ DOCUMENTS = [
 ]
 
 
-@pytest.fixture(scope="module", params=["bert", "xlm-roberta"])
+@pytest.fixture(scope="module", params=["bert", "xlm-roberta", "modernbert"])
 def model_type(request):
     return request.param
 
