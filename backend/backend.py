@@ -82,6 +82,8 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             self._check_identity(lm, request.ModelIdentity)
             if lm.kind == "embedding":
                 raise OptionError("the loaded model is an embedding model: it serves Embedding and Rerank only")
+            if lm.kind == "reranker":
+                raise OptionError("the loaded model is a cross-encoder reranker: it serves Rerank only")
             self.engine.preparing += 1  # the engine may wait for it to prefill a burst together
             try:
                 return await asyncio.get_running_loop().run_in_executor(self.prep, prepare.build_request, lm, request)
@@ -300,6 +302,8 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         if lm.kind == "embedding":
             (query, *docs) = [v[0] for v in results[0].vectors]
             scores = [forward_prep.cosine(query, d) for d in docs]
+        elif lm.kind == "reranker":  # sigmoid of the classifier's logit, per document
+            scores = results[0].scores
         else:
             scores = [forward_prep.relevance(sum(r.logprobs[0]), sum(r.logprobs[1])) for r in results]
         evaluated = sum(r.prompt_tokens for r in results)
@@ -353,12 +357,13 @@ def merge_deltas(deltas) -> Delta:
 def model_metadata(lm) -> "backend_pb2.ModelMetadataResponse":
     """What the host needs to know of the model's chat format (prep thread)."""
     tok = lm.tokenizer
-    out = backend_pb2.ModelMetadataResponse(supports_thinking=bool(tok.has_thinking))
+    # An encoder's tokenizer is transformers' own, without mlx-lm's chat attributes: none of them.
+    out = backend_pb2.ModelMetadataResponse(supports_thinking=bool(getattr(tok, "has_thinking", False)))
     if getattr(lm, "kind", "text") == "vision":  # a raw Prompt marks each image with it
         from media import MEDIA_MARKER
 
         out.media_marker = MEDIA_MARKER
-    if tok.has_chat_template:
+    if getattr(tok, "has_chat_template", False):
         try:
             out.rendered_template = tok.apply_chat_template(
                 [{"role": "user", "content": "Hello"}], add_generation_prompt=True, tokenize=False,
@@ -366,9 +371,9 @@ def model_metadata(lm) -> "backend_pb2.ModelMetadataResponse":
         except Exception as e:  # a template that needs more than one user turn
             log.warning("ModelMetadata: the chat template did not render: %s", e)
     markers = out.tool_format
-    if tok.has_thinking:
+    if getattr(tok, "has_thinking", False):
         markers.reasoning_start, markers.reasoning_end = tok.think_start, tok.think_end
-    if tok.has_tool_calling:
+    if getattr(tok, "has_tool_calling", False):
         markers.format_type = tok.tool_parser.__module__.rsplit(".", 1)[-1]
         markers.per_call_start, markers.per_call_end = tok.tool_call_start, tok.tool_call_end or ""
         if markers.format_type == "json_tools":

@@ -21,6 +21,9 @@ from typing import Any, Callable, Deque, List, Optional
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+import pair_forward
+from row_batch import take_rows
+
 log = logging.getLogger("mlx-backend.forward")
 
 # A forward job waits this long after the latest arrival for more to join its pass: a lone
@@ -141,6 +144,8 @@ class ForwardWork:
         with mx.stream(stream):
             if isinstance(head.job, ScoreJob):
                 return self._score_chunk(lm, head, budget, prefix_cache)
+            if isinstance(head.job, pair_forward.PairJob):
+                return pair_forward.run_chunk(self.queue, lm, budget)
             if _long(lm, head.job, budget):
                 return self._long_embed_chunk(lm, head, budget)
             return self._embed_chunk(lm, budget)
@@ -150,21 +155,8 @@ class ForwardWork:
     def _take_embeds(self, lm, budget: int) -> List[tuple]:
         """(job, first, end) slices of embedding inputs, oldest first, that padded together fit
         the budget (one input at least): a job with many inputs (a Rerank) may take several chunks."""
-        taken, rows, width = [], 0, 0
-        for p in self.queue:
-            if not isinstance(p.job, EmbedJob) or _long(lm, p.job, budget):
-                continue
-            inputs, end = p.job.inputs, p.done
-            while end < len(inputs):
-                w = max(width, len(inputs[end]))
-                if rows and (rows + 1) * w > budget:
-                    break
-                rows, width, end = rows + 1, w, end + 1
-            if end > p.done:
-                taken.append((p, p.done, end))
-            if end < len(inputs):  # the budget is full
-                break
-        return taken
+        return take_rows(self.queue, budget,
+                         lambda p: isinstance(p.job, EmbedJob) and not _long(lm, p.job, budget))
 
     def _embed_chunk(self, lm, budget: int) -> List[tuple]:
         taken = self._take_embeds(lm, budget)

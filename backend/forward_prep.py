@@ -11,6 +11,7 @@ from typing import List, Sequence, Tuple
 from common.python_utils import OptionError, option_int
 from engine import EngineError
 from forward import EmbedJob, ScoreJob
+from pair_forward import PairJob
 
 MAX_CANDIDATES = 256  # per Score call; the Option `max_candidates` changes it
 MAX_DOCUMENTS = 256  # per Rerank call; the Option `max_documents` changes it
@@ -48,6 +49,8 @@ def embed_inputs(lm, texts: Sequence[str], names: Sequence[str]) -> List[List[in
 
 def embed_job(lm, opts) -> EmbedJob:
     """Embedding(PredictOptions): the text in `Embeddings`, or token ids in `EmbeddingTokens`."""
+    if lm.kind == "reranker":
+        raise OptionError("Embedding: the loaded model is a cross-encoder reranker; it serves Rerank only")
     if opts.EmbeddingTokens:
         vocab = int(lm.config.get("vocab_size") or len(lm.tokenizer))
         bad = [t for t in opts.EmbeddingTokens if not 0 <= t < vocab]
@@ -76,7 +79,8 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 def _needs_causal_lm(lm, rpc: str) -> None:
     if lm.kind != "text":
-        raise OptionError(f"{rpc}: the loaded model is an embedding model; {rpc} needs a causal language model")
+        what = "a cross-encoder reranker" if lm.kind == "reranker" else "an embedding model"
+        raise OptionError(f"{rpc}: the loaded model is {what}; {rpc} needs a causal language model")
 
 
 def score_job(lm, prompt: str, candidates: Sequence[str], stable_prefix_len: int = 0,
@@ -160,10 +164,29 @@ def check_documents(lm, query: str, documents: Sequence[str], top_n: int) -> Non
         raise OptionError(f"top_n: must be >= 0 (0 = all), got {top_n}")
 
 
+def pair_job(lm, query: str, documents: Sequence[str]) -> PairJob:
+    """A cross-encoder's inputs: each (query, document) pair joined as its tokenizer joins a
+    sentence pair ([CLS] query [SEP] document [SEP], segments 0 then 1, for BERT)."""
+    tok = lm.tokenizer
+    inputs, types = [], []
+    for i, d in enumerate(documents):
+        if not d:
+            raise OptionError(f"documents[{i}]: empty")
+        enc = tok(query, d)
+        inputs.append(list(enc["input_ids"]))
+        types.append(list(enc["token_type_ids"]) if "token_type_ids" in enc else None)
+        _fits(lm, len(inputs[-1]), f"query + documents[{i}]")
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    return PairJob(inputs=inputs, types=None if types[0] is None else types, pad_id=pad, model_epoch=lm.epoch)
+
+
 def rerank_jobs(lm, req) -> list:
-    """An embedding job of the query and the documents, or one yes/no score job per document."""
+    """An embedding job of the query and the documents, a cross-encoder's pair job, or one
+    yes/no score job per document."""
     documents = list(req.documents)
     check_documents(lm, req.query, documents, req.top_n)
+    if lm.kind == "reranker":
+        return [pair_job(lm, req.query, documents)]
     if lm.kind == "embedding":
         inputs = embed_inputs(lm, [req.query] + documents,
                               ["query"] + [f"documents[{i}]" for i in range(len(documents))])

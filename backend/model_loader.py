@@ -5,7 +5,8 @@ join of the models folder and `Model`) and `ModelPath` (the models folder).
 Local mlx-lm directories and hub ids go through mlx-lm's loader; `.gguf`
 files are converted once by gguf_loader and then loaded the same way;
 directories whose config.json has a vision_config go through mlx-vlm
-(vision_model).
+(vision_model), sequence-classification checkpoints through mlx-vlm's
+reranker loader (cross_encoder).
 
 Loading runs on its own thread while the engine keeps serving the old model;
 every array of the new model is evaluated there, because MLX streams belong
@@ -73,7 +74,8 @@ class LoadedModel:
     kv_bytes_per_token_float: int = 0  # the same with the model's own float cache
     # "text": a causal LM (chat, and Embedding/Score from its hidden states and logits);
     # "vision": served by vision_batch, media prepared by vision_prepare;
-    # "embedding": an encoder that only embeds (embed_loader).
+    # "embedding": an encoder that only embeds (embed_loader);
+    # "reranker": a cross-encoder that only reranks (cross_encoder).
     kind: str = "text"
     vision: Any = None  # vision_model.VisionParts of a vision model
     embedding: Any = None  # embed_loader.EmbeddingSpec: pooling and normalisation
@@ -233,6 +235,7 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
     from mlx_lm import load as mlx_lm_load
 
     import adapters
+    import cross_encoder
     import embed_loader
     from gguf_loader import GGUFError, gguf_to_mlx_dir
 
@@ -263,10 +266,13 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
     elif os.path.isdir(source):
         # By config: each library would load the other's models, wrongly.
         encoder, vision = embed_loader.is_encoder_embedding(Path(source)), _is_vision(Path(source))
-        if (encoder or vision) and shard is not None:
+        cross = cross_encoder.is_cross_encoder(Path(source))  # an encoder too: checked first
+        if (encoder or vision or cross) and shard is not None:
             raise ModelLoadError(f"{source}: only text models are served across ranks")
-        if (encoder or vision) and (spec.adapters or spec.kv):  # never ignored silently
+        if (encoder or vision or cross) and (spec.adapters or spec.kv):  # never ignored silently
             raise ModelLoadError(f"{source}: LoRA adapters and KV cache types are served for text models only")
+        if cross:
+            return cross_encoder.load(spec, source, started)
         if encoder:
             return embed_loader.load(spec, source, started)
         if vision:
