@@ -49,6 +49,7 @@ def load(spec, source: str, started: float):
     from mlx_vlm.reranker import RerankerKind, reranker_kind
     from mlx_vlm.reranker_loader import load_reranker
 
+    import fast_gelu
     from model_loader import LoadedModel, ModelLoadError, _materialize
 
     path = Path(source)
@@ -70,11 +71,12 @@ def load(spec, source: str, started: float):
         model.set_dtype(getattr(mx, spec.dtype))
     _materialize(model)
     mx.clear_cache()
+    swapped = fast_gelu.for_encoder(model, spec.options)  # the CPU's erf is scalar (fast_gelu.py)
     ctx = min(spec.context_size or _NO_LIMIT, max_length(config, tokenizer))
     loaded = LoadedModel(
         name=spec.model, source=source, model=model, tokenizer=tokenizer, config=config,
         context_size=ctx, dtype=spec.dtype if spec.dtype not in ("auto", "native") else "native",
         options=spec.options, load_seconds=time.monotonic() - started, kind="reranker")
-    log.info("loaded %s (cross-encoder %s, context %d) in %.1fs", source, config.get("model_type"), ctx,
-             loaded.load_seconds)
+    log.info("loaded %s (cross-encoder %s, context %d%s) in %.1fs", source, config.get("model_type"), ctx,
+             f", {swapped} GELU layers on fast_gelu" if swapped else "", loaded.load_seconds)
     return loaded

@@ -89,7 +89,6 @@ def load(spec, source: str, started: float):
     from transformers import AutoTokenizer
 
     import fast_gelu
-    from common.python_utils import option_bool
     from model_loader import LoadedModel, ModelLoadError, _materialize
 
     path = Path(source)
@@ -104,8 +103,8 @@ def load(spec, source: str, started: float):
         model.set_dtype(getattr(mx, spec.dtype))
     _materialize(model)
     mx.clear_cache()
-    # The CPU's erf is scalar: exact GELU from multiply-adds instead (fast_gelu.py); Option `fast_gelu:false` keeps the library's.
-    swapped = fast_gelu.swap_in(model) if option_bool(spec.options, "fast_gelu", True) else 0
+    # The CPU computes erf one element at a time: GELU from multiply-adds instead (fast_gelu.py).
+    swapped = fast_gelu.for_encoder(model, spec.options)
     ctx = min(spec.context_size or 1 << 30, max_length(path, config))
     loaded = LoadedModel(
         name=spec.model, source=source, model=model, tokenizer=tokenizer, config=config,

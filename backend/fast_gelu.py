@@ -50,6 +50,13 @@ class GELU(nn.Module):
         return gelu(x)
 
 
+def for_encoder(model: nn.Module, options) -> int:
+    """swap_in unless the Option `fast_gelu:false` keeps the library's GELU; how many were replaced."""
+    from common.python_utils import option_bool
+
+    return swap_in(model) if option_bool(options, "fast_gelu", True) else 0
+
+
 def swap_in(model: nn.Module) -> int:
     """Replace every exact (erf) nn.GELU module of `model` by this one when MLX runs on the CPU;
     how many were replaced. Approximate GELUs (tanh, sigmoid) are left as the model has them."""
