@@ -17,8 +17,9 @@ How it is like for like:
   driven by JSON lines on stdin/stdout. Each measure runs on both sides in
   interleaved rounds (which side goes first alternates), one side at a time,
   the other idle; the table gives the median ratio over rounds and its range.
-- The (b) measures run twice a round, ours then raw, then raw then ours, with
-  fresh prompts each time: tokens over seconds of both halves on each side.
+- The (b) measures run several times a round (twice for 1 stream, four times
+  for 4 and 8), ours then raw, then raw then ours, and so on, with fresh
+  prompts each time: tokens over seconds of all of them on each side.
 - Every prompt is a raw `Prompt` whose first token no earlier prompt had, so
   our prefix cache never helps (except (d)'s warm request, on purpose). The
   raw side gets exactly the token ids our server's TokenizeString returns.
@@ -283,13 +284,14 @@ def one_round(r, stub, pb, raw, fresh, step):
     step_ms = 1000.0 / ref  # one raw single-stream decode step
 
     for n in (1, 4, 8):
-        # Two sets of prompts, run A-B then B-A: a slow spell of the machine hits both sides.
+        # Sets of prompts run A-B, B-A, ...: a slow spell of the machine hits both sides. A run of
+        # several streams is noisier here than its ~1% differences: four sets for 4 and 8 streams.
         totals = {"ours": [0, 0.0], "raw": [0, 0.0]}
-        for half in (0, 1):
+        for half in range(2 if n == 1 else 4):
             prompts = [fresh(f"run {r}.{half} stream {i} of {n}", TOPICS[(r + i + half) % len(TOPICS)])
                        for i in range(n)]
             (wall, toks, _), rb = paired(
-                raw_first != bool(half), lambda: ours_streams(stub, pb, [t for t, _ in prompts], DECODE_TOKENS),
+                raw_first != bool(half % 2), lambda: ours_streams(stub, pb, [t for t, _ in prompts], DECODE_TOKENS),
                 lambda: ask(raw, "batch", prompts=[i for _, i in prompts], max_tokens=DECODE_TOKENS))
             for side, (k, w) in (("ours", (toks, wall)), ("raw", (rb["tokens"], rb["wall"]))):
                 totals[side][0] += k
