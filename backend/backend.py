@@ -84,11 +84,8 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
                 raise OptionError("the loaded model is an embedding model: it serves Embedding and Rerank only")
             if lm.kind == "reranker":
                 raise OptionError("the loaded model is a cross-encoder reranker: it serves Rerank only")
-            self.engine.preparing += 1  # the engine may wait for it to prefill a burst together
-            try:
+            with self.engine.arriving():  # the engine may wait for it to prefill a burst together
                 return await asyncio.get_running_loop().run_in_executor(self.prep, prepare.build_request, lm, request)
-            finally:
-                self.engine.preparing -= 1
         except OptionError as e:
             await self._fail(context, "INVALID_ARGUMENT", str(e))
         except EngineError as e:
@@ -257,11 +254,8 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             self._check_identity(lm, request.ModelIdentity)
             if lm.kind == "vision":
                 raise OptionError("Embedding, Score and Rerank are not served for a vision model")
-            self.engine.preparing += 1  # concurrent embeddings arriving together share one pass
-            try:
+            with self.engine.arriving():  # concurrent embeddings arriving together share one pass
                 jobs = await asyncio.get_running_loop().run_in_executor(self.prep, prep, lm, request, *args)
-            finally:
-                self.engine.preparing -= 1
             # When the call ends early (deadline, client gone) its jobs leave the engine's queue.
             context.add_done_callback(
                 lambda _: [setattr(j, "cancelled", True) for j in (jobs if isinstance(jobs, list) else [jobs])])

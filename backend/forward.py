@@ -26,10 +26,6 @@ from row_batch import take_rows
 
 log = logging.getLogger("mlx-backend.forward")
 
-# A forward job waits this long after the latest arrival for more to join its pass: a lone
-# call pays it once, a burst of concurrent calls runs as one padded batch.
-QUIET_S = 0.002
-
 
 @dataclass
 class EmbedJob:
@@ -101,27 +97,17 @@ class ForwardWork:
 
     def __init__(self):
         self.queue: Deque[_Pending] = deque()
-        self.last_arrival = 0.0
 
     @property
     def pending(self) -> bool:
         return bool(self.queue)
 
-    def hold(self, now: float, coalesce: float, preparing: bool) -> float:
-        """How long the oldest job waits for others to share its pass, at most `coalesce` after it
-        arrived: while calls are being prepared, and until arrivals pause for QUIET_S. Concurrent
-        calls reach the servicer a fraction of a millisecond apart, faster than the first one is
-        prepared, so `preparing` alone lets the first few run alone (seen: 8 of 32, then 24)."""
-        if not self.queue:
-            return 0.0
-        until = self.queue[0].t_arrived + coalesce
-        if not preparing:
-            until = min(until, self.last_arrival + QUIET_S)
-        return until - now
+    def first_arrival(self) -> Optional[float]:
+        """When the oldest queued job arrived (the engine may hold it for others: Engine._hold)."""
+        return self.queue[0].t_arrived if self.queue else None
 
     def add(self, job, sink) -> None:
-        self.last_arrival = time.perf_counter()
-        self.queue.append(_Pending(job, sink, self.last_arrival))
+        self.queue.append(_Pending(job, sink, time.perf_counter()))
 
     def drop_all(self) -> List[tuple]:
         """Every queued job, as (sink, job) pairs, out of the queue."""
