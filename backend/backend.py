@@ -33,13 +33,10 @@ import backend_pb2_grpc  # noqa: E402
 from common import auth, parent_watch  # noqa: E402
 from common.mlx_utils import Delta, ToolCall  # noqa: E402
 from common.python_utils import OptionError, option_bool, option_int, parse_options  # noqa: E402
-import adapt_options  # noqa: E402
 import forward_prep  # noqa: E402
-import lockstep  # noqa: E402
-import model_loader  # noqa: E402
 import prepare  # noqa: E402
-import spec_config  # noqa: E402
-from engine import Engine, EngineConfig, EngineError  # noqa: E402
+from engine import Engine, EngineConfig, EngineError, lockstep, spec_config  # noqa: E402
+from loaders import adapt_options, model_loader  # noqa: E402
 
 log = logging.getLogger("mlx-backend")
 

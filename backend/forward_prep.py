@@ -10,8 +10,8 @@ from typing import List, Sequence, Tuple
 
 from common.python_utils import OptionError, option_int
 from engine import EngineError
-from forward import EmbedJob, ScoreJob
-from pair_forward import PairJob
+from engine.forward import EmbedJob, ScoreJob
+from engine.pair_forward import PairJob
 
 MAX_CANDIDATES = 256  # per Score call; the Option `max_candidates` changes it
 MAX_DOCUMENTS = 256  # per Rerank call; the Option `max_documents` changes it

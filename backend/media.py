@@ -14,7 +14,6 @@ from typing import List, Sequence
 
 from common.python_utils import OptionError
 
-DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096  # a bound on what one decoded image may cost
 MEDIA_MARKER = "<__media__>"  # where a raw Prompt puts each item (the host's default, reported back)
 
 

@@ -16,7 +16,7 @@ from common.mlx_utils import OutputRouter
 from common.python_utils import (OptionError, messages_to_dicts, option_float, option_int,
                                  parse_bool, parse_json_field, parse_tools)
 from engine import EngineError, Request
-from sampling import SamplingParams
+from engine.sampling import SamplingParams, injected_fault
 
 log = logging.getLogger("mlx-backend.prepare")
 
@@ -185,19 +185,6 @@ def _fault_step(meta, key: str) -> int:
         raise OptionError(f"Metadata.{key}: not a number") from None
 
 
-def _injected_fault(limit: int):
-    """A logits processor that raises at the given step: fault-isolation tests only."""
-    calls = [0]
-
-    def processor(tokens, logits):
-        calls[0] += 1
-        if calls[0] > limit:
-            raise RuntimeError(f"injected fault at token {limit}")
-        return logits
-
-    return processor
-
-
 def _rebuildable(processor, *spec):
     """Tag a logits processor with how to build it again, for the other ranks of a group (lockstep)."""
     processor.remote = spec
@@ -216,11 +203,11 @@ def build_request(lm, opts) -> Request:
     extra, fault, meta = [], "", dict(opts.Metadata)
     faults = os.environ.get("MLX_BACKEND_FAULT_INJECTION") == "1"
     if faults and "fault_at_token" in meta:
-        extra.append(_rebuildable(_injected_fault(_fault_step(meta, "fault_at_token")),
+        extra.append(_rebuildable(injected_fault(_fault_step(meta, "fault_at_token")),
                                   "fault_at", _fault_step(meta, "fault_at_token")))
     if faults and meta.get("fault") in FAULT_SITES:
         fault = meta["fault"]
-    import grammar
+    from engine import grammar
 
     source = grammar.grammar_source(opts.Grammar, meta)
     if source is not None:

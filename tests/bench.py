@@ -76,8 +76,8 @@ def raw_child(step: int) -> None:
     from mlx_lm.generate import generation_stream
     from mlx_lm.models.cache import make_prompt_cache
 
-    from gguf_loader import gguf_to_mlx_dir
-    from model_loader import _cast, _choose_dtype, embedded_default
+    from loaders.gguf_loader import gguf_to_mlx_dir
+    from loaders.model_loader import _cast, _choose_dtype, embedded_default
 
     model, tok = load(str(gguf_to_mlx_dir(embedded_default())))
     dtype = _choose_dtype("auto", model)

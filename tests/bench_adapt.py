@@ -38,8 +38,8 @@ def raw_model(adapter=None):
     import mlx.core as mx
     from mlx_lm import load
 
-    from gguf_loader import gguf_to_mlx_dir
-    from model_loader import _cast, _choose_dtype, embedded_default
+    from loaders.gguf_loader import gguf_to_mlx_dir
+    from loaders.model_loader import _cast, _choose_dtype, embedded_default
 
     model, tok = load(str(gguf_to_mlx_dir(embedded_default())))
     dtype = _choose_dtype("auto", model)
@@ -106,8 +106,8 @@ def ours_batch(stub, pb, texts, n):
 def make_adapter(path, rank=8):
     import mlx.core as mx
     import numpy as np
-    from gguf_loader import gguf_to_mlx_dir
-    from model_loader import embedded_default
+    from loaders.gguf_loader import gguf_to_mlx_dir
+    from loaders.model_loader import embedded_default
 
     cfg = json.loads((gguf_to_mlx_dir(embedded_default()) / "config.json").read_text())
     hidden, kv = cfg["hidden_size"], cfg["num_key_value_heads"] * cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -137,7 +137,7 @@ def main() -> None:
 
     import backend_pb2 as pb
     from common.launcher import Backend
-    from model_loader import embedded_default
+    from loaders.model_loader import embedded_default
 
     model_path = embedded_default()
     rows = []

@@ -73,7 +73,7 @@ def model_path(choice: str, workdir: Path) -> str:
     if choice == "tiny":
         return tiny_llama_dir(workdir / "tiny")
     if choice == "qwen":
-        from gguf_loader import gguf_to_mlx_dir
+        from loaders.gguf_loader import gguf_to_mlx_dir
         from models import qwen_coder_gguf
 
         return str(gguf_to_mlx_dir(qwen_coder_gguf()))

@@ -5,7 +5,7 @@
       concurrent Embedding calls to our server (all-MiniLM-L6-v2), vs
       mlx-embeddings called directly on the same 32 sentences as one batch
       (its tokenizer with padding, its model, its pooled `text_embeds`).
-      On the CPU our server computes GELU from multiply-adds (fast_gelu.py);
+      On the CPU our server computes GELU from multiply-adds (backend/loaders/fast_gelu.py);
       (a') repeats (a) with that off, to show what serving alone costs.
   (b) Score of 8 candidates after a ~300-token prompt: our Score call vs one
       direct mlx-lm prefill of the prompt plus one batched pass of the 8
@@ -163,7 +163,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from common.launcher import Backend, backend_pb2 as pb
-    import model_loader
+    from loaders import model_loader
     from models import minilm_dir
 
     # (a) embeddings

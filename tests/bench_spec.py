@@ -63,7 +63,7 @@ def raw_model(path: str):
     import mlx.core as mx
     from mlx_lm import load
 
-    from model_loader import _cast, _choose_dtype
+    from loaders.model_loader import _cast, _choose_dtype
 
     model, tok = load(path)
     dtype = _choose_dtype("auto", model)
@@ -124,8 +124,8 @@ def main():
 
     from common.launcher import Backend, backend_pb2
     from draft_models import short_copy
-    from gguf_loader import gguf_to_mlx_dir
-    from model_loader import embedded_default
+    from loaders.gguf_loader import gguf_to_mlx_dir
+    from loaders.model_loader import embedded_default
 
     model, tok = raw_model(str(gguf_to_mlx_dir(embedded_default())))
     log_path = os.path.join(tempfile.mkdtemp(prefix="bench-spec-"), "server.log")

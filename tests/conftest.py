@@ -51,7 +51,7 @@ def run_threads(fns):
 @pytest.fixture(scope="session")
 def server(log_dir):
     """One backend with the embedded SmolLM2 GGUF loaded, shared by the e2e tests."""
-    from model_loader import embedded_default
+    from loaders.model_loader import embedded_default
 
     # Loaded by path, so requests that name another ModelIdentity are refused.
     yield from serving(log_dir / "server.log", embedded_default())

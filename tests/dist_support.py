@@ -24,8 +24,8 @@ def tiny_llama_dir(target: Path, heads: int = 4, kv_heads: int = 2, seed: int = 
     from mlx.utils import tree_flatten
     from mlx_lm.models import llama
 
-    from gguf_loader import gguf_to_mlx_dir
-    from model_loader import embedded_default
+    from loaders.gguf_loader import gguf_to_mlx_dir
+    from loaders.model_loader import embedded_default
 
     if (target / "model.safetensors").exists():
         return str(target)

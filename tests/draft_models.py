@@ -9,8 +9,8 @@ def short_copy(layers: int) -> str:
     """The embedded model with only its first `layers` layers: a cheap (poor) draft."""
     import mlx.core as mx
 
-    from gguf_loader import default_cache_dir, gguf_to_mlx_dir
-    from model_loader import embedded_default
+    from loaders.gguf_loader import default_cache_dir, gguf_to_mlx_dir
+    from loaders.model_loader import embedded_default
 
     src = gguf_to_mlx_dir(embedded_default())
     target = default_cache_dir().parent / "models" / f"smollm2-{layers}-layers"

@@ -20,7 +20,7 @@ def _part(pkg: str, n: int) -> str:
 
 def qwen_coder_gguf() -> str:
     """Path of the joined Qwen2.5-Coder GGUF, joined on first use."""
-    from gguf_loader import default_cache_dir
+    from loaders.gguf_loader import default_cache_dir
 
     parts = [_part(pkg, i) for i, pkg in enumerate(QWEN_PARTS, 1)]
     size = sum(os.path.getsize(p) for p in parts)
@@ -57,8 +57,8 @@ def thinking_model_dir() -> str:
     import json
     import shutil
 
-    from gguf_loader import default_cache_dir, gguf_to_mlx_dir
-    from model_loader import embedded_default
+    from loaders.gguf_loader import default_cache_dir, gguf_to_mlx_dir
+    from loaders.model_loader import embedded_default
 
     src = gguf_to_mlx_dir(embedded_default())
     target = default_cache_dir().parent / "models" / "smollm2-thinking"
@@ -97,7 +97,7 @@ def minilm_dir() -> str:
     import shutil
     import zipfile
 
-    from gguf_loader import default_cache_dir
+    from loaders.gguf_loader import default_cache_dir
 
     spec = importlib.util.find_spec("all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:

@@ -5,7 +5,7 @@ import math
 import pytest
 from hypothesis import given, strategies as st
 
-from adapt_options import KVSpec, kv_spec, lora_requests
+from loaders.adapt_options import KVSpec, kv_spec, lora_requests
 from common.python_utils import OptionError
 
 # The host's spellings and what each stores per value (hand table).

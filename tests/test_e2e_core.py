@@ -88,8 +88,8 @@ def test_tokenize_string_equals_tokenizer(stub):
     from mlx_lm.tokenizer_utils import load as load_tokenizer
     from pathlib import Path
 
-    from gguf_loader import gguf_to_mlx_dir
-    from model_loader import embedded_default
+    from loaders.gguf_loader import gguf_to_mlx_dir
+    from loaders.model_loader import embedded_default
 
     tok = load_tokenizer(Path(gguf_to_mlx_dir(embedded_default())))
     raw = stub.TokenizeString(backend_pb2.PredictOptions(Prompt="Hello 12345 world, café!"), timeout=30)

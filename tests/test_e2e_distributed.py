@@ -149,7 +149,7 @@ def test_status_reports_the_group(group):
 
 
 def test_unsplittable_model_refused_then_free_and_load_another(group, single, models):
-    from model_loader import embedded_default
+    from loaders.model_loader import embedded_default
 
     # SmolLM2 has 9 attention heads and 3 KV heads: not over 2 ranks.
     result = group.load(embedded_default())

@@ -190,7 +190,7 @@ def test_no_model_loaded_then_per_token_vectors(log_dir, minilm):
 
 @pytest.fixture(scope="module")
 def smol(log_dir):
-    from model_loader import embedded_default
+    from loaders.model_loader import embedded_default
 
     # float32 explicitly, so the in-test reference computes with the same weights; small
     # forward chunks, so that short texts already take several (a real prompt would at 128).
@@ -203,8 +203,8 @@ def direct():
     """SmolLM2 in this process, float32, with its Hugging Face tokenizer."""
     from transformers import AutoTokenizer
 
-    import model_loader
-    from gguf_loader import gguf_to_mlx_dir
+    from loaders import model_loader
+    from loaders.gguf_loader import gguf_to_mlx_dir
 
     spec = model_loader.LoadSpec(model=model_loader.embedded_default(), dtype="float32")
     lm = model_loader.load(spec)

@@ -50,8 +50,8 @@ def test_raw_completion_keeps_the_first_tokens_leading_space(stub):
 def test_tokenize_the_empty_prompt(stub):
     from transformers import AutoTokenizer
 
-    from gguf_loader import gguf_to_mlx_dir
-    from model_loader import embedded_default
+    from loaders.gguf_loader import gguf_to_mlx_dir
+    from loaders.model_loader import embedded_default
 
     hf = AutoTokenizer.from_pretrained(str(gguf_to_mlx_dir(embedded_default())))
     reply = stub.TokenizeString(backend_pb2.PredictOptions(Prompt=""), timeout=30)
@@ -176,7 +176,7 @@ def test_a_failed_load_leaves_the_old_model_serving_untouched(faulty, tmp_path):
 
 
 def test_streams_keep_flowing_while_a_model_loads(faulty):
-    from model_loader import embedded_default
+    from loaders.model_loader import embedded_default
 
     stub = faulty.stub
     opts = chat("Write a long essay about deserts.", Tokens=400, IgnoreEOS=True)

@@ -28,7 +28,7 @@ TOKENS = 40
 
 @pytest.fixture(scope="module")
 def q8(log_dir):
-    from model_loader import embedded_default
+    from loaders.model_loader import embedded_default
 
     yield from serving(log_dir / "kv_q8.log", embedded_default(), CacheTypeKey="q8_0", CacheTypeValue="q8_0")
 
@@ -94,8 +94,8 @@ def memory(stub, settled=lambda m: True, timeout=5.0):
 
 def expected_bytes_per_token(float_bytes: int, bits: int, group: int = 64) -> int:
     """The size from the model's shape: `bits` per value, plus a scale and a bias per group when quantized."""
-    from gguf_loader import gguf_to_mlx_dir
-    from model_loader import embedded_default
+    from loaders.gguf_loader import gguf_to_mlx_dir
+    from loaders.model_loader import embedded_default
 
     cfg = json.loads((gguf_to_mlx_dir(embedded_default()) / "config.json").read_text())
     layers, heads = cfg["num_hidden_layers"], cfg["num_key_value_heads"]
@@ -127,7 +127,7 @@ def test_q8_cache_keeps_the_float_text_in_a_batch_and_stores_compact_prefixes(se
 
 
 def test_q4_and_f16_caches_and_refused_cache_options(q8):
-    from model_loader import embedded_default
+    from loaders.model_loader import embedded_default
 
     stub, model = q8.stub, embedded_default()
     float_bytes = memory(stub)["kv_bytes_per_token_float"]

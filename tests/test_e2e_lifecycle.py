@@ -61,7 +61,7 @@ def test_load_free_reload(fresh):
 
 
 def test_model_resolved_against_model_path(fresh):
-    from model_loader import embedded_default
+    from loaders.model_loader import embedded_default
     import os
 
     path = embedded_default()
@@ -89,7 +89,7 @@ def test_bad_option_fails_load_with_message(fresh):
 def test_model_identity_mismatch(fresh):
     assert fresh.load("").success  # loaded name is "" here: identity check is skipped
     predict(fresh.stub, ModelIdentity="anything")
-    from model_loader import embedded_default
+    from loaders.model_loader import embedded_default
 
     assert fresh.load(embedded_default()).success
     with pytest.raises(grpc.RpcError) as err:

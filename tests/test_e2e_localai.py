@@ -30,7 +30,7 @@ UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
 @pytest.fixture(scope="module")
 def models_folder(tmp_path_factory):
     """A LocalAI models folder holding what the README's examples name."""
-    from model_loader import embedded_default
+    from loaders.model_loader import embedded_default
     from models import thinking_model_dir
 
     folder = tmp_path_factory.mktemp("models")

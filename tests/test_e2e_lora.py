@@ -33,8 +33,8 @@ def _write_model(path, weights, config):
     path.mkdir()
     mx.save_safetensors(str(path / "model.safetensors"), {k: mx.array(v) for k, v in weights.items()})
     (path / "config.json").write_text(json.dumps(config))
-    from gguf_loader import gguf_to_mlx_dir
-    from model_loader import embedded_default
+    from loaders.gguf_loader import gguf_to_mlx_dir
+    from loaders.model_loader import embedded_default
 
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(gguf_to_mlx_dir(embedded_default()) / name, path / name)

@@ -145,13 +145,13 @@ def test_bad_speculation_settings_are_refused(server, stub):
 
 @pytest.fixture(scope="module")
 def drafting(log_dir):
-    from model_loader import embedded_default
+    from loaders.model_loader import embedded_default
 
     yield from serving(log_dir / "speculation-draft.log", embedded_default(), DraftModel=short_copy(6))
 
 
 def test_a_draft_model_keeps_greedy_output_identical(drafting):
-    from model_loader import embedded_default
+    from loaders.model_loader import embedded_default
 
     cases = ["stop-string", "max-tokens-mid-draft", "eos-in-draft", "utf8"]
     plain = {case: drafting.stub.Predict(opts_for(case, False), timeout=300) for case in cases}
@@ -170,7 +170,7 @@ def test_a_draft_model_keeps_greedy_output_identical(drafting):
 
 
 def test_a_draft_with_another_vocabulary_is_refused(drafting):
-    from model_loader import embedded_default
+    from loaders.model_loader import embedded_default
 
     from models import thinking_model_dir
 

@@ -7,7 +7,7 @@ import mlx.nn as nn
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-import fast_gelu
+from loaders import fast_gelu
 
 
 def exact_gelu(x: float) -> float:

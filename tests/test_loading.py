@@ -14,7 +14,7 @@ import pytest
 def test_gguf_dequantization_logs_progress(tmp_path, caplog, monkeypatch):
     import gguf
 
-    import gguf_loader
+    from loaders import gguf_loader
 
     path = str(tmp_path / "tiny.gguf")
     writer = gguf.GGUFWriter(path, "llama")
@@ -37,8 +37,8 @@ def test_gguf_dequantization_logs_progress(tmp_path, caplog, monkeypatch):
 def _tokenizers():
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-    from gguf_loader import gguf_to_mlx_dir
-    from model_loader import embedded_default
+    from loaders.gguf_loader import gguf_to_mlx_dir
+    from loaders.model_loader import embedded_default
     from models import thinking_model_dir
 
     # The thinking variant gives ids 3 and 4 to "<think>" and "</think>".
@@ -47,7 +47,7 @@ def _tokenizers():
 
 
 def test_each_model_gets_its_own_grammar_vocabulary():
-    import grammar
+    from engine import grammar
 
     plain, thinking = _tokenizers()
     assert thinking.convert_ids_to_tokens(3) == "<think>" and plain.convert_ids_to_tokens(3) != "<think>"
@@ -73,7 +73,7 @@ def test_each_model_gets_its_own_grammar_vocabulary():
 
 
 def test_a_request_prepared_for_a_replaced_model_is_aborted():
-    import model_loader
+    from loaders import model_loader
     import prepare
     from common.launcher import backend_pb2
     from engine import Engine, EngineError

@@ -106,7 +106,7 @@ rows = st.lists(st.tuples(st.integers(-500, 0), st.lists(st.integers(-9, 99), ma
 
 @given(rows, rows, st.data())
 def test_media_state_rows_follow_their_requests(a, b, data):
-    from vision_model import MediaState
+    from loaders.vision_model import MediaState
 
     def single(row):
         s = MediaState()

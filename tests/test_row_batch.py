@@ -5,7 +5,7 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from row_batch import take_rows
+from engine.row_batch import take_rows
 
 lengths = st.lists(st.integers(1, 40), min_size=1, max_size=6)
 pending = st.builds(lambda inputs, done, wanted: SimpleNamespace(

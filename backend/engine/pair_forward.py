@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import mlx.core as mx
 
-from row_batch import take_rows
+from engine.row_batch import take_rows
 
 log = logging.getLogger("mlx-backend.forward")
 

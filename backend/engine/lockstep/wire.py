@@ -50,7 +50,7 @@ def admit_wire(prompt, max_tokens, sampling, extra, ignore_eos, direct) -> dict:
 
 
 def sampling_from_wire(d: dict):
-    from sampling import SamplingParams
+    from engine.sampling import SamplingParams
 
     d = dict(d, logit_bias={int(k): v for k, v in d["logit_bias"].items()})
     return SamplingParams(**d)
@@ -60,14 +60,14 @@ def processors_from_wire(lm, specs) -> list:
     out = []
     for kind, *args in specs:
         if kind == "grammar":
-            import grammar
+            from engine import grammar
 
             source, field, fault_at = args
             out.append(grammar.compile_processor(lm, source, field, fault_at=fault_at))
         elif kind == "fault_at":
-            from prepare import _injected_fault
+            from engine.sampling import injected_fault
 
-            out.append(_injected_fault(args[0]))
+            out.append(injected_fault(args[0]))
         else:
             raise ValueError(f"unknown logits processor {kind!r}")
     return out

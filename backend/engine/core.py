@@ -28,8 +28,8 @@ from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional
 
 from common.mlx_utils import Delta, OutputRouter, TextPipeline
 from common.python_utils import option_int
-from forward import Cancelled, Forward, ForwardWork
-from sampling import RequestFailure, SamplingParams
+from engine.forward import Cancelled, Forward, ForwardWork
+from engine.sampling import RequestFailure, SamplingParams
 
 log = logging.getLogger("mlx-backend.engine")
 
@@ -546,10 +546,10 @@ class Engine:
 
     def _batch(self):
         if self._text is None:
-            from text_batch import TextBatch
+            from engine.text_batch import TextBatch
 
             if getattr(self.model, "kind", "text") == "vision":  # the same batch, with image prefill
-                from vision_batch import VisionBatch as TextBatch
+                from engine.vision_batch import VisionBatch as TextBatch
 
             c, mx = self.config, self._mx
             self._text = TextBatch(
@@ -603,7 +603,7 @@ class Engine:
         slot.tokens += 1
         slot.generated.append(r.token)
         if slot.request.logprobs:
-            from logprobs import entry
+            from engine.logprobs import entry
 
             slot.logprobs.append(entry(self.model.tokenizer, r.token, r.logprobs, slot.request.top_logprobs))
         deltas = slot.pipeline.add_token(r.token)
@@ -643,7 +643,7 @@ class Engine:
             return True
         if len(self._slots) != 1 or self._waiting:
             return False
-        import speculate
+        from engine import speculate
 
         slot = next(iter(self._slots.values()))
         if not slot.t_first or (slot.spec is not None and not slot.spec.ready(len(slot.generated))):

@@ -21,6 +21,8 @@ from typing import Any, Dict, List, Optional
 
 log = logging.getLogger("mlx-backend.vision")
 
+DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096  # a bound on what one decoded image may cost (load option max_image_pixels)
+
 
 class MediaState:
     """Per-row metadata in the cache list: mRoPE delta and the media-keyed prompt.
@@ -167,8 +169,7 @@ def load_vision(spec, source: str, started: float):
     from mlx_vlm.utils import load as vlm_load
 
     from common.python_utils import option_int
-    from media import DEFAULT_MAX_IMAGE_PIXELS
-    from model_loader import LoadedModel, ModelLoadError, _materialize
+    from loaders.model_loader import LoadedModel, ModelLoadError, _materialize
 
     if spec.dtype not in ("auto", "native"):
         raise ModelLoadError(f"dtype {spec.dtype!r}: vision models are served in their stored dtype")

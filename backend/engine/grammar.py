@@ -16,7 +16,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from common.python_utils import OptionError, parse_json_field
-from sampling import RequestFailure
+from engine.sampling import RequestFailure
 
 log = logging.getLogger("mlx-backend.grammar")
 

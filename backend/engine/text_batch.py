@@ -15,7 +15,7 @@ from mlx.utils import tree_map
 from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
-from sampling import SamplingParams, make_processors, make_sampler
+from engine.sampling import SamplingParams, make_processors, make_sampler
 
 log = logging.getLogger("mlx-backend.text")
 

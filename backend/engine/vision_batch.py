@@ -29,8 +29,8 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import mlx.core as mx
 
-from sampling import SamplingParams
-from text_batch import First, TextBatch, _argmax
+from engine.sampling import SamplingParams
+from engine.text_batch import First, TextBatch, _argmax
 
 log = logging.getLogger("mlx-backend.vision")
 

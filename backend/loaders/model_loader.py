@@ -206,8 +206,8 @@ def _cast(model, dtype: str) -> None:
 
 def _adapt(model, spec: LoadSpec) -> Dict[str, Any]:
     """LoRA adapters and the KV cache's form: the LoadedModel fields they set."""
-    import adapters
-    import kv_cache
+    from loaders import adapters
+    from loaders import kv_cache
 
     try:
         used = adapters.apply(model, spec.adapters, spec.model_path)
@@ -234,10 +234,10 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
     import mlx.core as mx
     from mlx_lm import load as mlx_lm_load
 
-    import adapters
-    import cross_encoder
-    import embed_loader
-    from gguf_loader import GGUFError, gguf_to_mlx_dir
+    from loaders import adapters
+    from loaders import cross_encoder
+    from loaders import embed_loader
+    from loaders.gguf_loader import GGUFError, gguf_to_mlx_dir
 
     if spec.dtype not in DTYPES:
         raise ModelLoadError(f"dtype {spec.dtype!r} is not one of {', '.join(DTYPES)}")
@@ -276,7 +276,7 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
         if encoder:
             return embed_loader.load(spec, source, started)
         if vision:
-            from vision_model import load_vision
+            from loaders.vision_model import load_vision
 
             return load_vision(spec, source, started)
         if not (Path(source) / "config.json").exists():

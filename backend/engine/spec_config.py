@@ -54,7 +54,7 @@ def same_vocabulary(a, b) -> bool:
 
 def attach(lm, settings: Settings, spec, draft_model: str):
     """Load the draft model (same loaders, same dtype rule) and hang the settings on `lm`."""
-    import model_loader
+    from loaders import model_loader
 
     if settings.mode == "draft":
         draft_spec = model_loader.LoadSpec(

@@ -68,7 +68,7 @@ def exchange_port(group: Group, port: int) -> int:
 
 def check_shardable(model, config: Dict[str, Any], n: int) -> None:
     """Refuse, with the reason, a model that cannot be split over n ranks."""
-    from model_loader import ModelLoadError
+    from loaders.model_loader import ModelLoadError
 
     kind = config.get("model_type", "this model")
     if not hasattr(model, "shard"):

@@ -10,9 +10,9 @@ import threading
 import time
 from typing import Dict, List, Optional
 
-from engine import Engine, EngineError
-from lockstep.group import CONNECT_S, EXIT_GROUP_LOST, HEARTBEAT_S, Group, GroupLost, Sharder, exchange_port
-from lockstep.wire import admit_wire, recv_frame, send_frame
+from engine.core import Engine, EngineError
+from engine.lockstep.group import CONNECT_S, EXIT_GROUP_LOST, HEARTBEAT_S, Group, GroupLost, Sharder, exchange_port
+from engine.lockstep.wire import admit_wire, recv_frame, send_frame
 
 log = logging.getLogger("mlx-backend.lockstep")
 
@@ -114,7 +114,7 @@ class Leader:
     # ---- loading: every rank loads its shard, rank 0 waits for all ----------------
 
     def load(self, spec):
-        import model_loader
+        from loaders import model_loader
 
         load_id = next(self._load_ids)
         futures = {r: concurrent.futures.Future() for r in self._socks}
@@ -245,7 +245,7 @@ class LockstepEngine(Engine):
         return self.leader.load(spec)
 
     def _enqueue_forward(self, command) -> None:  # its passes would run collectives the followers never join
-        from engine import Event
+        from engine.core import Event
 
         self._outbox.append((command.sink, Event(error=EngineError(
             "FAILED_PRECONDITION", "Embedding, Score and Rerank are not served across ranks"))))
@@ -266,7 +266,7 @@ class LockstepEngine(Engine):
     def _handle(self, command) -> None:
         if isinstance(command, _GroupFault):
             raise GroupLost(self.leader.lost)
-        from engine import Stop
+        from engine.core import Stop
 
         if isinstance(command, Stop):
             super()._handle(command)
@@ -325,7 +325,7 @@ class LockstepEngine(Engine):
 
 
 def _lost_event(why: str):
-    from engine import Event
+    from engine.core import Event
 
     return Event(error=EngineError("UNAVAILABLE", f"mlx: the distributed group lost {why}"))
 

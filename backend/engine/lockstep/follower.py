@@ -10,8 +10,8 @@ import threading
 import time
 from typing import Any, Dict
 
-from lockstep.group import CONNECT_S, EXIT_GROUP_LOST, HEARTBEAT_S, Group, GroupLost, Sharder, exchange_port
-from lockstep.wire import memory_figures, processors_from_wire, recv_frame, sampling_from_wire, send_frame
+from engine.lockstep.group import CONNECT_S, EXIT_GROUP_LOST, HEARTBEAT_S, Group, GroupLost, Sharder, exchange_port
+from engine.lockstep.wire import memory_figures, processors_from_wire, recv_frame, sampling_from_wire, send_frame
 
 log = logging.getLogger("mlx-backend.lockstep")
 
@@ -80,7 +80,7 @@ class Follower:
                 self._fatal(f"rank 0 sent nothing for {silent:.0f}s")
 
     def _load(self, load_id: int, spec: dict) -> None:
-        import model_loader
+        from loaders import model_loader
 
         try:
             lm = model_loader.load(model_loader.LoadSpec(**spec), shard=Sharder(self.group))
@@ -120,7 +120,7 @@ class Follower:
     def _apply(self, op: dict) -> None:
         kind = op["k"]
         if kind == "new":
-            from text_batch import TextBatch
+            from engine.text_batch import TextBatch
 
             settings = {k: v for k, v in op.items() if k != "k"}
             self.text = TextBatch(self.lm, stream=self.stream, **settings)

@@ -49,8 +49,8 @@ def load(spec, source: str, started: float):
     from mlx_vlm.reranker import RerankerKind, reranker_kind
     from mlx_vlm.reranker_loader import load_reranker
 
-    import fast_gelu
-    from model_loader import LoadedModel, ModelLoadError, _materialize
+    from loaders import fast_gelu
+    from loaders.model_loader import LoadedModel, ModelLoadError, _materialize
 
     path = Path(source)
     config = _config(path)

@@ -7,7 +7,7 @@ that changes it is written to a journal; the other ranks (followers) open no
 port and replay that journal on their own TextBatch, call for call. The model
 is split across ranks with mlx-lm's `shard()`, so each forward pass holds
 collectives (all_sum) that only line up because every rank runs the same
-admit / step sequence. Samplers carry per-request keys (sampling.py) and the
+admit / step sequence. Samplers carry per-request keys (engine/sampling.py) and the
 logits after the all_sum are the same on every rank, so every rank draws the
 same tokens without exchanging them.
 
@@ -20,8 +20,8 @@ rank that stopped, so liveness is never left to the collectives: the channel's
 watchdog fails what runs and ends the process in bounded time.
 """
 
-from lockstep.follower import follow
-from lockstep.group import Group, GroupLost, join, wanted
-from lockstep.leader import LockstepEngine
+from engine.lockstep.follower import follow
+from engine.lockstep.group import Group, GroupLost, join, wanted
+from engine.lockstep.leader import LockstepEngine
 
 __all__ = ["Group", "GroupLost", "LockstepEngine", "follow", "join", "wanted"]

@@ -29,9 +29,9 @@ import mlx.core as mx
 from mlx_lm.generate import StopSequences
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
-from ngram import NgramIndex
-from sampling import make_processors, make_sampler
-from spec_config import Settings, settings_of  # noqa: F401 (the engine reads settings here)
+from engine.ngram import NgramIndex
+from engine.sampling import make_processors, make_sampler
+from engine.spec_config import Settings, settings_of  # noqa: F401 (the engine reads settings here)
 
 log = logging.getLogger("mlx-backend.speculate")
 
@@ -241,7 +241,7 @@ class Solo:
 
     def rejoin(self, gen, on_error: Callable[[Exception], None]) -> int:
         """Back into the batch generator from where it is; its new uid there."""
-        from text_batch import _argmax, guarded
+        from engine.text_batch import _argmax, guarded
 
         cache, held = self.release()
         pending = self.context[len(held):]

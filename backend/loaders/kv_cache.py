@@ -19,7 +19,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import BatchKVCache, KVCache, QuantizedKVCache, make_prompt_cache
 from mlx_vlm.models.cache import BatchQuantizedKVCache
 
-from adapt_options import KVSpec
+from loaders.adapt_options import KVSpec
 
 
 class _FloatPrefill:

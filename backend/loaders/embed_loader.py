@@ -88,8 +88,8 @@ def load(spec, source: str, started: float):
     from mlx_embeddings.utils import load_model
     from transformers import AutoTokenizer
 
-    import fast_gelu
-    from model_loader import LoadedModel, ModelLoadError, _materialize
+    from loaders import fast_gelu
+    from loaders.model_loader import LoadedModel, ModelLoadError, _materialize
 
     path = Path(source)
     embedding = with_options(sentence_transformers_spec(path), spec.options)

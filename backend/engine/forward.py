@@ -21,8 +21,8 @@ from typing import Any, Callable, Deque, List, Optional
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-import pair_forward
-from row_batch import take_rows
+from engine import pair_forward
+from engine.row_batch import take_rows
 
 log = logging.getLogger("mlx-backend.forward")
 
