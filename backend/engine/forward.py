@@ -22,7 +22,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from engine import pair_forward
-from engine.row_batch import take_rows
+from engine.row_batch import run_rows, take_rows
 
 log = logging.getLogger("mlx-backend.forward")
 
@@ -146,8 +146,9 @@ class ForwardWork:
 
     def _embed_chunk(self, lm, budget: int) -> List[tuple]:
         taken = self._take_embeds(lm, budget)
-        try:
-            hidden, lengths = _hidden_states(lm, [t for p, a, b in taken for t in p.job.inputs[a:b]])
+
+        def vectors(inputs):
+            hidden, lengths = _hidden_states(lm, inputs)
             log.debug("embedding batch: %d inputs of %d jobs, padded to %d tokens",
                       len(lengths), len(taken), max(lengths))
             pooled, at = [], 0
@@ -155,21 +156,10 @@ class ForwardWork:
                 pooled.append(_pool(hidden[at:at + b - a], lengths[at:at + b - a], p.job.pooling, p.job.normalize))
                 at += b - a
             mx.eval(pooled)  # every job's vectors in one evaluation
-            out = []
-            for (p, a, b), vectors in zip(taken, pooled):
-                p.pooled = (p.pooled or []) + [v.tolist() for v in vectors]
-                p.done = b
-                if b == len(p.job.inputs):
-                    self.queue.remove(p)
-                    out.append((p.sink, EmbedResult(vectors=p.pooled,
-                                                    prompt_tokens=sum(len(t) for t in p.job.inputs))))
-            return out
-        except Exception as e:
-            log.exception("an embedding batch of %d inputs failed", sum(b - a for _, a, b in taken))
-            for p, _, _ in taken:
-                if p in self.queue:
-                    self.queue.remove(p)
-            return [(p.sink, e) for p, _, _ in taken]
+            return [v.tolist() for job_vectors in pooled for v in job_vectors]
+
+        return run_rows(self.queue, taken, vectors, lambda p: EmbedResult(
+            vectors=p.pooled, prompt_tokens=sum(len(t) for t in p.job.inputs)), "an embedding batch")
 
     def _long_embed_chunk(self, lm, p: _Pending, budget: int) -> List[tuple]:
         """One chunk of a causal LM input longer than the budget, continuing its KV cache."""

@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import mlx.core as mx
 
-from engine.row_batch import take_rows
+from engine.row_batch import run_rows, take_rows
 
 log = logging.getLogger("mlx-backend.forward")
 
@@ -53,28 +53,17 @@ def run_chunk(queue, lm, budget: int) -> List[tuple]:
     """One padded batch of pairs from the queue's pair jobs; the (sink, result) of each job it completed.
     A failure fails the jobs of this batch only (returned as (sink, exception) pairs)."""
     taken = take_rows(queue, budget, lambda p: isinstance(p.job, PairJob))
-    try:
-        pairs = [t for p, a, b in taken for t in p.job.inputs[a:b]]
+    head = taken[0][0].job
+
+    def scores(pairs):
         types = None
-        if taken[0][0].job.types is not None:  # one model, one tokenizer: all jobs have them or none
+        if head.types is not None:  # one model, one tokenizer: all jobs have them or none
             types = [t for p, a, b in taken for t in p.job.types[a:b]]
-        scores = mx.sigmoid(_logits(lm, pairs, types, taken[0][0].job.pad_id))
-        mx.eval(scores)
-        scores = scores.tolist()
+        out = mx.sigmoid(_logits(lm, pairs, types, head.pad_id))
+        mx.eval(out)
         log.debug("cross-encoder batch: %d pairs of %d jobs, padded to %d tokens",
                   len(pairs), len(taken), max(len(t) for t in pairs))
-        out, at = [], 0
-        for p, a, b in taken:
-            p.pooled = (p.pooled or []) + scores[at:at + b - a]
-            at += b - a
-            p.done = b
-            if b == len(p.job.inputs):
-                queue.remove(p)
-                out.append((p.sink, PairResult(scores=p.pooled, prompt_tokens=sum(len(t) for t in p.job.inputs))))
-        return out
-    except Exception as e:
-        log.exception("a cross-encoder batch of %d pairs failed", sum(b - a for _, a, b in taken))
-        for p, _, _ in taken:
-            if p in queue:
-                queue.remove(p)
-        return [(p.sink, e) for p, _, _ in taken]
+        return out.tolist()
+
+    return run_rows(queue, taken, scores, lambda p: PairResult(
+        scores=p.pooled, prompt_tokens=sum(len(t) for t in p.job.inputs)), "a cross-encoder batch")
