@@ -41,6 +41,7 @@ from loaders import adapt_options, model_loader  # noqa: E402
 log = logging.getLogger("mlx-backend")
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+EXIT_CANNOT_LISTEN = 98  # the --addr could not be bound (98 is Linux's EADDRINUSE)
 SHUTDOWN_GRACE_S = 8.0  # running streams get this long to finish at shutdown
 ENGINE_STOP_S = 3.0  # then the engine this long to end its step (a prefill chunk is ~1.5 s on a CPU)
 
@@ -418,11 +419,19 @@ async def serve(addr: str, group=None) -> None:
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        # gRPC's default lets a second server bind a port already served and share its
+        # connections: a stale or stray backend would silently answer half of the host's calls.
+        ("grpc.so_reuseport", 0),
     ])
     backend_pb2_grpc.add_BackendServicer_to_server(BackendServicer(engine), server)
     health = await standard_services(server, engine, loop)
-    if server.add_insecure_port(addr) == 0:
-        raise SystemExit(f"cannot listen on {addr}")
+    try:
+        bound = server.add_insecure_port(addr)
+    except RuntimeError:  # newer grpcio raises where older ones returned 0
+        bound = 0
+    if bound == 0:
+        log.error("cannot listen on %s (address in use or not available)", addr)
+        raise SystemExit(EXIT_CANNOT_LISTEN)
 
     def on_signal(sig: signal.Signals) -> None:
         log.info("received %s", sig.name)
