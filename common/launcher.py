@@ -32,7 +32,7 @@ def free_port() -> int:
     """A loopback port no other process is listening on, and that no other process using this
     function (a concurrent test run, another checkout's) has been handed: between this
     choice and the backend's bind the kernel could give the same free port to both."""
-    folder = os.path.join(tempfile.gettempdir(), "mlx-backend-ports")
+    folder = os.path.join(tempfile.gettempdir(), f"mlx-backend-ports-{os.getuid()}")
     os.makedirs(folder, exist_ok=True)
     while True:
         with socket.socket() as s:
