@@ -30,9 +30,9 @@ from grpc_reflection.v1alpha import reflection  # noqa: E402
 
 import backend_pb2  # noqa: E402
 import backend_pb2_grpc  # noqa: E402
-from common import auth, parent_watch  # noqa: E402
+from common import auth, model_identity, parent_watch  # noqa: E402
 from common.mlx_utils import Delta, ToolCall  # noqa: E402
-from common.python_utils import OptionError, option_bool, option_int, parse_options  # noqa: E402
+from common.python_utils import OptionError, option_bool, option_int, parse_load_options  # noqa: E402
 import forward_prep  # noqa: E402
 import prepare  # noqa: E402
 from engine import Engine, EngineConfig, EngineError, lockstep, spec_config  # noqa: E402
@@ -43,6 +43,7 @@ log = logging.getLogger("mlx-backend")
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 EXIT_CANNOT_LISTEN = 98  # the --addr could not be bound (98 is Linux's EADDRINUSE)
 SHUTDOWN_GRACE_S = 8.0  # running streams get this long to finish at shutdown
+LOADED_MESSAGE = "MLX model loaded successfully"  # LoadModel's answer, as LocalAI's mlx backend words it
 ENGINE_STOP_S = 3.0  # then the engine this long to end its step (a prefill chunk is ~1.5 s on a CPU)
 
 
@@ -69,9 +70,9 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         return lm
 
     def _check_identity(self, lm, identity: str):
-        if identity and lm.name and identity != lm.name:
-            raise EngineError(
-                "NOT_FOUND", f"mlx: model identity mismatch: loaded {lm.name!r}, requested {identity!r}")
+        refusal = model_identity.identity_mismatch(lm.name, identity)
+        if refusal is not None:
+            raise EngineError("NOT_FOUND", f"mlx: {refusal}")
 
     async def _prepared(self, request, context):
         """The engine Request for a PredictOptions, or abort with the reason."""
@@ -119,7 +120,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         try:
             if request.ContextSize < 0:
                 raise OptionError(f"ContextSize: must be >= 0, got {request.ContextSize}")
-            options = parse_options(request.Options)
+            options = parse_load_options(request.Options)
             spec = model_loader.LoadSpec(
                 model=request.Model, model_file=request.ModelFile, model_path=request.ModelPath,
                 options=options,
@@ -153,8 +154,9 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             except Exception as e:
                 log.exception("LoadModel failed")
                 return backend_pb2.Result(success=False, message=f"{type(e).__name__}: {e}")
-        return backend_pb2.Result(
-            success=True, message=f"loaded {lm.source} (dtype {lm.dtype}, context {lm.context_size})")
+        log.info("LoadModel: serving %s (dtype %s, context %d)", lm.source, lm.dtype, lm.context_size)
+        # The host only logs the message: LocalAI's wording, the details are in our log.
+        return backend_pb2.Result(success=True, message=LOADED_MESSAGE)
 
     def _engine_config(self, options):
         d = EngineConfig()

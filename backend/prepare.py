@@ -46,7 +46,7 @@ def render_prompt(lm, opts, tools) -> str:
     tok = lm.tokenizer
     if not tok.has_chat_template:
         raise OptionError("Messages: this model has no chat template; send a raw Prompt")
-    messages = messages_to_dicts(opts.Messages)
+    messages = messages_to_dicts(opts.Messages, strict=True)
     try:
         return tok.apply_chat_template(
             messages, tools=tools, add_generation_prompt=True, tokenize=False,

@@ -99,7 +99,7 @@ def _chat_prompt(lm, opts, tools, images: int, videos: int, template_kwargs: Dic
     if tools:
         kwargs["tools"] = tools
     try:
-        messages = apply_chat_template(processor, lm.config, messages_to_dicts(opts.Messages),
+        messages = apply_chat_template(processor, lm.config, messages_to_dicts(opts.Messages, strict=True),
                                        add_generation_prompt=True, return_messages=True, num_images=images)
         if videos:
             _add_videos(messages, videos)
