@@ -423,6 +423,9 @@ async def serve(addr: str, group=None) -> None:
     health = await standard_services(server, engine, loop)
     if server.add_insecure_port(addr) == 0:
         raise SystemExit(f"cannot listen on {addr}")
+    exposed = auth.open_bind_warning(addr)
+    if exposed:
+        log.warning("%s", exposed)
 
     def on_signal(sig: signal.Signals) -> None:
         log.info("received %s", sig.name)
