@@ -220,3 +220,34 @@ def test_the_split_check(dims, named):
 def test_an_architecture_without_tensor_parallelism_is_refused():
     with pytest.raises(ModelLoadError, match="no tensor parallelism"):
         group.check_shardable(object(), {"model_type": "m", "num_attention_heads": 4}, 2)
+
+
+def test_a_trickling_hello_is_cut_off_at_the_handshake_bound():
+    import struct
+    import time
+
+    a, b = socket.socketpair()
+    stop = threading.Event()
+
+    def trickle():  # a plausible start, then one byte at a time, never finishing
+        stream = b"n" * wire.NONCE_BYTES + struct.pack(">I", 4000) + b"t" * 10_000
+        try:
+            for byte in stream:
+                if stop.wait(0.2):
+                    return
+                b.sendall(bytes([byte]))
+        except OSError:
+            pass
+
+    t = threading.Thread(target=trickle)
+    t.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(socket.timeout):
+            wire.accept_hello(a, b"s", 2, 1.0)
+        assert time.monotonic() - started < 20  # byte by byte the hello would take 14 minutes
+    finally:
+        stop.set()
+        t.join()
+        a.close()
+        b.close()

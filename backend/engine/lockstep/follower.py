@@ -10,9 +10,9 @@ import threading
 import time
 from typing import Any, Dict
 
-from engine.lockstep.group import (CONNECT_S, ENV_RANK_REMOTE_CODE, EXIT_GROUP_LOST, HEARTBEAT_S, Group, GroupLost,
-                                   Sharder, exchange_port, rank_allows_remote_code)
-from engine.lockstep.wire import memory_figures, open_hello, processors_from_wire, sampling_from_wire
+from engine.lockstep.group import (CONNECT_S, ENV_RANK_REMOTE_CODE, EXIT_GROUP_LOST, HEARTBEAT_S, HELLO_S, Group,
+                                   GroupLost, Sharder, exchange_port, rank_allows_remote_code)
+from engine.lockstep.wire import Channel, memory_figures, open_hello, processors_from_wire, sampling_from_wire
 
 ENV_CONNECT_DELAY = "MLX_BACKEND_FAULT_RANK_CONNECT_DELAY"  # tests: strangers reach rank 0 before this rank
 
@@ -41,9 +41,7 @@ class Follower:
         host = group.hosts[0][0].rsplit(":", 1)[0]
         if os.environ.get("MLX_BACKEND_FAULT_INJECTION") == "1" and os.environ.get(ENV_CONNECT_DELAY):
             time.sleep(float(os.environ[ENV_CONNECT_DELAY]))
-        sock = socket.create_connection((host, port), timeout=CONNECT_S)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.channel = open_hello(sock, group.secret, group.rank, CONNECT_S)
+        self.channel = _reach_rank0(host, port, group)
         threading.Thread(target=self._receive, name="rank0-rx", daemon=True).start()
         threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
 
@@ -167,6 +165,24 @@ class Follower:
                     self._pending.clear()  # an older load that was never swapped in
         else:
             raise ValueError(f"unknown journal entry {kind!r}")
+
+
+def _reach_rank0(host: str, port: int, group: Group) -> Channel:
+    """The control channel to rank 0, tried again while strangers fill its handshake slots."""
+    deadline = time.monotonic() + CONNECT_S
+    while True:
+        sock = None
+        try:
+            sock = socket.create_connection((host, port), timeout=max(1.0, deadline - time.monotonic()))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return open_hello(sock, group.secret, group.rank, HELLO_S)
+        except OSError as e:  # not FrameError: a peer that is not rank 0 of this group is not retried
+            if sock is not None:
+                sock.close()
+            if time.monotonic() + 1.0 > deadline:
+                raise
+            log.warning("rank %d: reaching rank 0 failed (%s); trying again", group.rank, e)
+            time.sleep(1.0)
 
 
 def _ignore(e: Exception) -> None:

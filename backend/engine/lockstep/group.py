@@ -90,8 +90,12 @@ def join() -> Group:
     """Join the ring group (blocks until every rank is there); main thread, at start."""
     import mlx.core as mx
 
-    secret = group_secret()  # checked before joining, so a rank without it says why at once
+    from engine.lockstep.wire import max_frame_bytes
+
+    # Checked before joining, so a rank without them says why at once.
+    secret = group_secret()
     control_port()
+    max_frame_bytes()
     g = mx.distributed.init(backend="ring", strict=True)
     timeout = float(os.environ.get(ENV_TIMEOUT, DEFAULT_TIMEOUT_S))
     group = Group(rank=g.rank(), size=g.size(), mx_group=g, hosts=_hosts(os.environ["MLX_HOSTFILE"]),

@@ -144,12 +144,15 @@ def _accept_ranks(server: socket.socket, group: Group) -> Dict[int, Channel]:
     """A channel per follower. Peers that fail the handshake are dropped; the wait goes on for the real ones."""
     joined: "queue.SimpleQueue" = queue.SimpleQueue()
     slots = threading.BoundedSemaphore(MAX_HANDSHAKES)
+    formed = threading.Event()
 
     def handshake(sock: socket.socket, peer) -> None:
         try:
             rank, channel = accept_hello(sock, group.secret, group.size, HELLO_S)
             channel.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             joined.put((rank, channel, peer))
+            if formed.is_set():  # too late: nobody reads the queue any more
+                _close_joined(joined)
         except (OSError, ValueError) as e:  # socket.timeout is an OSError; FrameError a ValueError
             log.warning("control channel: dropped a connection from %s: %s", peer, e or type(e).__name__)
             sock.close()
@@ -184,7 +187,19 @@ def _accept_ranks(server: socket.socket, group: Group) -> Dict[int, Channel]:
             sock.close()
             continue
         threading.Thread(target=handshake, args=(sock, peer), name="hello", daemon=True).start()
+    formed.set()
+    _close_joined(joined)
     return channels
+
+
+def _close_joined(joined: "queue.SimpleQueue") -> None:
+    while True:
+        try:
+            rank, channel, peer = joined.get_nowait()
+        except queue.Empty:
+            return
+        log.warning("control channel: rank %d connected again from %s; dropped", rank, peer)
+        channel.close()
 
 
 class RecordingBatch:

@@ -8,7 +8,8 @@ import os
 import socket
 import struct
 import threading
-from typing import Dict, Tuple
+import time
+from typing import Dict, Optional, Tuple
 
 
 # A frame: 4-byte big-endian body length, 32-byte HMAC-SHA256 tag, JSON body.
@@ -73,12 +74,12 @@ class Channel:
             self._sent += 1
             self.sock.sendall(_LENGTH.pack(len(body)) + tag + body)
 
-    def recv(self) -> dict:
-        (n,) = _LENGTH.unpack(recv_exact(self.sock, _LENGTH.size))
+    def recv(self, deadline: Optional[float] = None) -> dict:
+        (n,) = _LENGTH.unpack(recv_exact(self.sock, _LENGTH.size, deadline))
         if n > self.max_in:
             raise FrameError(f"a frame of {n} bytes is over the {self.max_in}-byte bound")
-        tag = recv_exact(self.sock, TAG_BYTES)
-        body = recv_exact(self.sock, n)
+        tag = recv_exact(self.sock, TAG_BYTES, deadline)
+        body = recv_exact(self.sock, n, deadline)
         if not hmac.compare_digest(tag, self._tag(self._in, self._received, body)):
             raise FrameError("a frame failed authentication (another group secret, or not a rank of this group)")
         self._received += 1
@@ -97,9 +98,15 @@ class Channel:
             pass
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
+def recv_exact(sock: socket.socket, n: int, deadline: Optional[float] = None) -> bytes:
+    """n bytes; with a deadline (time.monotonic()), all of them by then, however slowly they trickle in."""
     buf = bytearray()
     while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("the handshake took too long")
+            sock.settimeout(left)
         chunk = sock.recv(n - len(buf))
         if not chunk:
             raise ConnectionError("connection closed")
@@ -110,15 +117,16 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
 def accept_hello(sock: socket.socket, secret: bytes, size: int, timeout: float) -> Tuple[int, Channel]:
     """Rank 0's side of the handshake: (the peer's rank, its channel); FrameError/OSError drop it.
 
-    Everything here runs under `timeout`, so a silent peer costs that long at most.
+    All of it ends within `timeout`, so a silent or trickling peer costs that long at most.
     """
+    deadline = time.monotonic() + timeout
     sock.settimeout(timeout)
     leader_nonce = os.urandom(NONCE_BYTES)
     sock.sendall(MAGIC + leader_nonce)
-    follower_nonce = recv_exact(sock, NONCE_BYTES)
+    follower_nonce = recv_exact(sock, NONCE_BYTES, deadline)
     channel = Channel(sock, session_key(secret, leader_nonce, follower_nonce), True, HELLO_MAX_FRAME,
                       max_frame_bytes())
-    hello = channel.recv()
+    hello = channel.recv(deadline)
     rank = hello.get("rank")
     if type(rank) is not int or not 1 <= rank < size:
         raise FrameError(f"the hello names rank {rank!r}, not one of 1..{size - 1}")
@@ -130,7 +138,7 @@ def accept_hello(sock: socket.socket, secret: bytes, size: int, timeout: float) 
 def open_hello(sock: socket.socket, secret: bytes, rank: int, timeout: float) -> Channel:
     """A follower's side of the handshake, on a connected socket."""
     sock.settimeout(timeout)
-    greeting = recv_exact(sock, len(MAGIC) + NONCE_BYTES)
+    greeting = recv_exact(sock, len(MAGIC) + NONCE_BYTES, time.monotonic() + timeout)
     if greeting[:len(MAGIC)] != MAGIC:
         raise FrameError("the control port did not answer as rank 0 of this backend (protocol mismatch)")
     follower_nonce = os.urandom(NONCE_BYTES)
