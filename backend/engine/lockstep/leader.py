@@ -31,7 +31,7 @@ class Leader:
         self.lost = ""  # "rank N: why", once a rank is gone
         self.on_lost = None  # called once, from a channel thread
         self.memory: Dict[int, Dict[str, int]] = {}
-        self._socks: Dict[int, Channel] = {}
+        self._channels: Dict[int, Channel] = {}
         self._lost_lock = threading.Lock()
         self._last_send = 0.0
         self._loads: Dict[int, Dict[int, concurrent.futures.Future]] = {}
@@ -43,18 +43,18 @@ class Leader:
         log.info("control channel waiting for ranks %s on %s:%d", list(range(1, group.size)), host,
                  server.getsockname()[1])
         try:
-            self._socks = _accept_ranks(server, group)
+            self._channels = _accept_ranks(server, group)
         finally:
             server.close()
-        self._seen: Dict[int, float] = {rank: time.monotonic() for rank in self._socks}
-        log.info("control channel up with ranks %s", sorted(self._socks))
-        for rank, channel in self._socks.items():
+        self._seen: Dict[int, float] = {rank: time.monotonic() for rank in self._channels}
+        log.info("control channel up with ranks %s", sorted(self._channels))
+        for rank, channel in self._channels.items():
             threading.Thread(target=self._receive, args=(rank, channel), name=f"rank{rank}-rx", daemon=True).start()
         threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
 
     def send(self, msg: dict) -> None:
         """To every follower, in order; a rank that cannot take it is lost."""
-        for rank, channel in self._socks.items():
+        for rank, channel in self._channels.items():
             try:
                 channel.send(msg)
             except (OSError, FrameError) as e:  # a frame that cannot go out leaves the ranks apart
@@ -110,7 +110,7 @@ class Leader:
         from loaders import model_loader
 
         load_id = next(self._load_ids)
-        futures = {r: concurrent.futures.Future() for r in self._socks}
+        futures = {r: concurrent.futures.Future() for r in self._channels}
         self._loads[load_id] = futures
         try:
             self.send({"k": "load", "id": load_id, "spec": dataclasses.asdict(spec)})
