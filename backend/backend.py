@@ -434,6 +434,9 @@ async def serve(addr: str, group=None) -> None:
     if bound == 0:
         log.error("cannot listen on %s (address in use or not available)", addr)
         raise SystemExit(EXIT_CANNOT_LISTEN)
+    exposed = auth.open_bind_warning(addr)
+    if exposed:
+        log.warning("%s", exposed)
 
     def on_signal(sig: signal.Signals) -> None:
         log.info("received %s", sig.name)

@@ -6,6 +6,7 @@ unset or empty the server is open, as hosts without the token expect.
 """
 
 import hmac
+import ipaddress
 import logging
 import os
 from typing import Callable, Mapping, Optional
@@ -128,3 +129,19 @@ def server_interceptors(env: Optional[Mapping[str, str]] = None, aio: bool = Tru
     health_open = env.get(ENV_HEALTH_OPEN, "").strip().lower() in ("1", "true", "yes", "on")
     kind = BearerTokenInterceptor if aio else SyncBearerTokenInterceptor
     return [kind(token, (HEALTH_METHODS,) if health_open else ())]
+
+
+def open_bind_warning(addr: str, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The warning to log when `addr` listens beyond this machine with no token, else None."""
+    if token_from_env(env) or addr.startswith("unix:"):
+        return None
+    host = addr.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return None
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:
+        pass  # a host name other than localhost may resolve to any interface
+    return (f"listening on {addr} beyond loopback with no {ENV_TOKEN}: anyone who can reach this port can "
+            f"load models and run requests; set {ENV_TOKEN} or bind to 127.0.0.1")
