@@ -225,7 +225,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
 
     async def Status(self, request, context):
         State = backend_pb2.StatusResponse.State
-        if not self.engine.alive:
+        if self.engine.trouble() is not None:  # dead, failing or stuck, as Health says
             state = State.ERROR
         elif self.engine.model is None:
             state = State.UNINITIALIZED

@@ -30,7 +30,8 @@ def test_the_more_precise_cache_type_serves_keys_and_values(key, value, upper):
 
 @given(st.sampled_from([2, 3, 4, 5, 6, 8]), st.sampled_from([32, 64, 128]), NAMES)
 def test_the_kv_bits_option_wins(bits, group, name):
-    assert kv_spec(name, name, settings({"kv_bits": bits, "kv_group_size": group})) == KVSpec(bits=bits, group_size=group)
+    options = settings({"kv_bits": bits, "kv_group_size": group})
+    assert kv_spec(name, name, options) == KVSpec(bits=bits, group_size=group)
 
 
 @pytest.mark.parametrize("key,value,options,words", [

@@ -525,32 +525,28 @@ class Engine:
             self._outbox.append((sink, Event(error=EngineError(
                 "ABORTED", "the model was reloaded while the request was prepared"))))
         else:
-            per_token = self._kv_per_token()
+            per_token = getattr(lm, "kv_bytes_per_token", 0) if self._kv_budget else 0
             fits = self._kv_budget // per_token - len(request.prompt) if per_token else 0
             if request.open_ended and 0 < fits < request.max_tokens:
                 request.max_tokens = fits  # it ends "length" where the KV budget ends, not past it
-            refused = self._refusal(request)
+            need = kv_budget.need(len(request.prompt), request.max_tokens, per_token)
+            refused = self._refusal(request, need, per_token)
             if refused is not None:
                 self._outbox.append((sink, Event(error=EngineError("RESOURCE_EXHAUSTED", refused))))
                 log.info("request %d refused: %s", request.id, refused)
                 return
             pipeline = TextPipeline(lm.detokenizer(), request.stops, request.router)
-            self._waiting.append(_Slot(request=request, sink=sink, pipeline=pipeline, t_arrived=time.perf_counter(),
-                                       kv_bytes=kv_budget.need(len(request.prompt), request.max_tokens,
-                                                               self._kv_per_token())))
+            self._waiting.append(_Slot(request=request, sink=sink, pipeline=pipeline,
+                                       t_arrived=time.perf_counter(), kv_bytes=need))
 
-    def _kv_per_token(self) -> int:
-        return getattr(self.model, "kv_bytes_per_token", 0) if self._kv_budget else 0
-
-    def _refusal(self, request: Request) -> Optional[str]:
+    def _refusal(self, request: Request, need: int, per_token: int) -> Optional[str]:
         """Why a request cannot even wait (the queue is full, it could never fit), or None."""
         c = self.config
         places = max(c.max_sequences - len(self._slots), 0)  # those it fills are admitted this pass
         if len(self._waiting) >= places + c.max_waiting:
             return (f"{len(self._waiting)} requests are already waiting for a place in the batch "
                     f"(bound: option max_waiting={c.max_waiting}); retry later")
-        per_token = self._kv_per_token()
-        if kv_budget.need(len(request.prompt), request.max_tokens, per_token) > self._kv_budget:
+        if need > self._kv_budget > 0:
             return kv_budget.refusal(len(request.prompt), request.max_tokens, per_token, self._kv_budget)
         return None
 
@@ -573,7 +569,8 @@ class Engine:
         """One bounded chunk of embedding / score work (forward.py), between two decode steps."""
         lm = self.model
         # A causal LM's chunk is its prefill chunk; an encoder is small: more rows per pass.
-        budget = self.config.forward_chunk_tokens or (self._batch().prefill_step_size if lm.kind == "text" else 1024)
+        budget = self.config.forward_chunk_tokens or (
+            self._batch().prefill_step_size if lm.kind == "text" else 1024)
         prefix = (lambda: self._batch().cache) if lm.kind == "text" else (lambda: None)
         try:
             done = self._forward.run_chunk(lm, budget, prefix, self._stream)
