@@ -32,9 +32,12 @@ import backend_pb2  # noqa: E402
 import backend_pb2_grpc  # noqa: E402
 from common import auth, model_identity, parent_watch  # noqa: E402
 from common.mlx_utils import Delta, ToolCall  # noqa: E402
-from common.python_utils import OptionError, option_bool, option_int, parse_load_options  # noqa: E402
+from common.python_utils import OptionError  # noqa: E402
 import forward_prep  # noqa: E402
+import load_options  # noqa: E402
 import prepare  # noqa: E402
+import rpc_gate  # noqa: E402
+from rpc_gate import gated  # noqa: E402
 from engine import Engine, EngineConfig, EngineError, lockstep, spec_config  # noqa: E402
 from loaders import adapt_options, model_loader  # noqa: E402
 
@@ -55,6 +58,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         # Models load here while the engine keeps serving the old one; one load at a time.
         self.loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="load")
         self.load_lock = asyncio.Lock()
+        self.gate = rpc_gate.RpcGate(load_options.ROWS["max_concurrent_rpcs"].default)
 
     # ---- helpers ------------------------------------------------------------
 
@@ -112,27 +116,26 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
     # ---- RPCs -----------------------------------------------------------------
 
     async def Health(self, request, context):
-        if not self.engine.alive:  # the host then restarts this process
-            await self._fail(context, "UNAVAILABLE", f"mlx: the engine has stopped ({self.engine.dead or 'gone'})")
+        trouble = self.engine.trouble()
+        if trouble is not None:  # dead, failing or stuck: the host then restarts this process
+            await self._fail(context, "UNAVAILABLE", f"mlx: {trouble}")
         return backend_pb2.Reply(message=b"OK")
 
     async def LoadModel(self, request, context):
         try:
-            if request.ContextSize < 0:
-                raise OptionError(f"ContextSize: must be >= 0, got {request.ContextSize}")
-            options = parse_load_options(request.Options)
+            # Every option and field is checked here, before anything loads; the engine gets them typed.
+            options = load_options.parse(request.Options)
             spec = model_loader.LoadSpec(
                 model=request.Model, model_file=request.ModelFile, model_path=request.ModelPath,
                 options=options,
-                context_size=request.ContextSize or option_int(options, "context_size", 0, minimum=1),
-                dtype=(request.DType or str(options.get("dtype", "auto"))).lower(),
-                trust_remote_code=request.TrustRemoteCode or option_bool(options, "trust_remote_code", False),
+                context_size=(load_options.check("context_size", request.ContextSize, "ContextSize")
+                              if request.ContextSize else options.context_size or 0),
+                dtype=load_options.check("dtype", request.DType, "DType") if request.DType else options.dtype,
+                trust_remote_code=request.TrustRemoteCode or options.trust_remote_code,
                 adapters=adapt_options.lora_requests(
                     request.LoraAdapter, request.LoraScale, request.LoraAdapters, request.LoraScales),
                 kv=adapt_options.kv_spec(request.CacheTypeKey, request.CacheTypeValue, options))
-            option_bool(options, "enable_thinking", True)  # checked now, used per request
-            free_first = option_bool(options, "free_before_load", False)
-            config = self._engine_config(options)
+            config = EngineConfig.from_settings(options)
             speculation = spec_config.parse(options, request.DraftModel)
             if speculation.mode == "draft" and hasattr(self.engine, "load_model"):
                 raise OptionError("DraftModel: a draft model is not served across ranks")
@@ -140,7 +143,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             return backend_pb2.Result(success=False, message=f"invalid option: {e}")
         async with self.load_lock:
             try:
-                if free_first:  # for machines that cannot hold two models at once
+                if options.free_before_load:  # for machines that cannot hold two models at once
                     await asyncio.wrap_future(self.engine.swap(None))
                 # The old model keeps serving while the new one loads on its own thread.
                 load = getattr(self.engine, "load_model", model_loader.load)  # lockstep: on every rank
@@ -148,6 +151,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
                 lm = await asyncio.get_running_loop().run_in_executor(
                     self.loader, spec_config.attach, lm, speculation, spec, request.DraftModel)
                 await asyncio.wrap_future(self.engine.swap(lm, config))
+                self.gate.limit = options.max_concurrent_rpcs
             except (model_loader.ModelNotFound, model_loader.ModelLoadError, EngineError) as e:
                 log.error("LoadModel failed: %s", e)
                 return backend_pb2.Result(success=False, message=str(e))
@@ -157,16 +161,6 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         log.info("LoadModel: serving %s (dtype %s, context %d)", lm.source, lm.dtype, lm.context_size)
         # The host only logs the message: LocalAI's wording, the details are in our log.
         return backend_pb2.Result(success=True, message=LOADED_MESSAGE)
-
-    def _engine_config(self, options):
-        d = EngineConfig()
-        return EngineConfig(
-            max_sequences=option_int(options, "max_sequences", d.max_sequences, minimum=1),
-            prefill_step_size=option_int(options, "prefill_step_size", d.prefill_step_size, minimum=0),
-            prefill_batch_size=option_int(options, "prefill_batch_size", d.prefill_batch_size, minimum=1),
-            prompt_cache_bytes=option_int(options, "prompt_cache_bytes", d.prompt_cache_bytes, minimum=0),
-            prompt_cache_entries=option_int(options, "prompt_cache_entries", d.prompt_cache_entries, minimum=1),
-        )
 
     async def Free(self, request, context):
         try:
@@ -181,6 +175,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         # later; the done callback fires as soon as the client goes away.
         context.add_done_callback(lambda _: self.engine.cancel(req.id))
 
+    @gated
     async def PredictStream(self, request, context):
         req = await self._prepared(request, context)
         self._cancel_when_done(context, req)
@@ -191,6 +186,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         except EngineError as e:
             await self._fail(context, e.code, str(e))
 
+    @gated
     async def Predict(self, request, context):
         req = await self._prepared(request, context)
         self._cancel_when_done(context, req)
@@ -203,6 +199,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             await self._fail(context, e.code, str(e))
         return self._reply(last, [merge_deltas(deltas)])
 
+    @gated
     async def TokenizeString(self, request, context):
         try:
             lm = self._loaded()
@@ -215,6 +212,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             await self._fail(context, e.code, str(e))
         return backend_pb2.TokenizationResponse(length=len(tokens), tokens=tokens)
 
+    @gated
     async def Detokenize(self, request, context):
         try:
             lm = self._loaded()
@@ -230,7 +228,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
 
     async def Status(self, request, context):
         State = backend_pb2.StatusResponse.State
-        if not self.engine.alive:
+        if self.engine.trouble() is not None:  # dead, failing or stuck, as Health says
             state = State.ERROR
         elif self.engine.model is None:
             state = State.UNINITIALIZED
@@ -240,6 +238,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         return backend_pb2.StatusResponse(
             state=state, memory=backend_pb2.MemoryUsageData(total=mem.get("active", 0), breakdown=mem))
 
+    @gated
     async def ModelMetadata(self, request, context):
         try:
             lm = self._loaded()
@@ -267,6 +266,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         except EngineError as e:
             await self._fail(context, e.code, str(e))
 
+    @gated
     async def Embedding(self, request, context):
         started = time.perf_counter()
         lm, result = await self._forward(context, request, forward_prep.embed_job)
@@ -280,6 +280,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             layout=Layout.EMBEDDING_LAYOUT_PER_TOKEN if lm.embedding.pooling == "none"
             else Layout.EMBEDDING_LAYOUT_FINAL)
 
+    @gated
     async def Score(self, request, context):
         started = time.perf_counter()
         lm, result = await self._forward(context, request, forward_prep.score_request)
@@ -289,6 +290,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
                  result.prompt_tokens, result.cached_tokens, (time.perf_counter() - started) * 1000)
         return reply
 
+    @gated
     async def Rerank(self, request, context):
         started = time.perf_counter()
         lm, results = await self._forward(context, request, forward_prep.rerank_jobs)
@@ -399,7 +401,26 @@ async def standard_services(server, engine: Engine, loop) -> "grpc_health.aio.He
     engine.on_close = engine_closed
     await set_all(health_pb2.HealthCheckResponse.SERVING if engine.alive
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
+    health.engine_watch = loop.create_task(watch_engine(engine, set_all))  # held: else it may vanish
     return health
+
+
+async def watch_engine(engine: Engine, set_all) -> None:
+    """Keep grpc health in step with the engine: NOT_SERVING while it fails every pass or is stuck
+    in one (Engine.trouble), SERVING again when it recovers; the host restarts a process that stays out."""
+    serving = True
+    while engine.alive:
+        trouble = engine.trouble()
+        if (trouble is None) != serving:
+            serving = trouble is None
+            if not serving:
+                log.error("health: not serving: %s", trouble)
+            else:
+                log.info("health: serving again")
+            await set_all(health_pb2.HealthCheckResponse.SERVING if serving
+                          else health_pb2.HealthCheckResponse.NOT_SERVING)
+        # A quarter of the bound: a stuck engine is seen within 1.25x health_timeout.
+        await asyncio.sleep(min(max(engine.config.health_timeout / 4, 0.01), 1.0))
 
 
 async def serve(addr: str, group=None) -> None:

@@ -175,7 +175,7 @@ def sampling_params(opts, options: Dict[str, Any], vocab: int = 1 << 31) -> Samp
     )
 
 
-FAULT_SITES = ("admit", "cache", "engine", "loop")  # where Metadata `fault` makes the engine fail
+FAULT_SITES = ("admit", "cache", "engine", "loop", "failing", "stall")  # where Metadata `fault` makes the engine fail
 
 
 def _fault_step(meta, key: str) -> int:
@@ -230,8 +230,8 @@ def build_request(lm, opts) -> Request:
         raise EngineError(
             "RESOURCE_EXHAUSTED",
             f"the prompt is {len(tokens)} tokens; the context holds {lm.context_size}")
-    limit = opts.Tokens or option_int(lm.options, "max_tokens", 0, minimum=0) or room
-    return Request(prompt=tokens, max_tokens=min(limit, room), sampling=sampling,
+    asked = opts.Tokens or option_int(lm.options, "max_tokens", 0, minimum=0)
+    return Request(prompt=tokens, max_tokens=min(asked or room, room), open_ended=not asked, sampling=sampling,
                    stops=[s for s in opts.StopPrompts if s], model_epoch=lm.epoch, fault=fault,
                    label=opts.CorrelationId, ignore_eos=opts.IgnoreEOS,
                    logprobs=opts.Logprobs > 0 or opts.TopLogprobs > 0,

@@ -7,6 +7,7 @@ from hypothesis import given, strategies as st
 
 from loaders.adapt_options import KVSpec, kv_spec, lora_requests
 from common.python_utils import OptionError
+from load_options import settings
 
 # The host's spellings and what each stores per value (hand table).
 TYPES = {"": None, "f32": 32, "f16": 16, "bf16": 16, "q8_0": 8, "q6_k": 6, "q5_0": 5, "q5_1": 5,
@@ -20,7 +21,7 @@ def bits_of(spec) -> int:
 
 @given(NAMES, NAMES, st.booleans())
 def test_the_more_precise_cache_type_serves_keys_and_values(key, value, upper):
-    spec = kv_spec(key.upper() if upper else key, value, {})
+    spec = kv_spec(key.upper() if upper else key, value, settings({}))
     widths = [TYPES[t] for t in (key, value) if t]
     assert bits_of(spec) == (max(widths) if widths else 32)
     if spec is not None and spec.bits:
@@ -29,7 +30,8 @@ def test_the_more_precise_cache_type_serves_keys_and_values(key, value, upper):
 
 @given(st.sampled_from([2, 3, 4, 5, 6, 8]), st.sampled_from([32, 64, 128]), NAMES)
 def test_the_kv_bits_option_wins(bits, group, name):
-    assert kv_spec(name, name, {"kv_bits": bits, "kv_group_size": group}) == KVSpec(bits=bits, group_size=group)
+    options = settings({"kv_bits": bits, "kv_group_size": group})
+    assert kv_spec(name, name, options) == KVSpec(bits=bits, group_size=group)
 
 
 @pytest.mark.parametrize("key,value,options,words", [
@@ -41,7 +43,7 @@ def test_the_kv_bits_option_wins(bits, group, name):
 ])
 def test_bad_cache_options_are_refused_by_name(key, value, options, words):
     with pytest.raises(OptionError, match=words):
-        kv_spec(key, value, options)
+        kv_spec(key, value, settings(options))
 
 
 PATHS = st.text(st.characters(min_codepoint=ord("a"), max_codepoint=ord("z")), min_size=1, max_size=6)

@@ -163,7 +163,7 @@ def scratch(tmp_path_factory):
     ("dir without config", {"Model": "empty-dir"}, "config.json"),
     ("vision model", {"Model": "vision-model"}, "vision"),
     ("negative context", {"Model": "", "ContextSize": -1}, "ContextSize"),
-    ("bad dtype", {"Model": "", "DType": "float8"}, "dtype"),
+    ("bad dtype", {"Model": "", "DType": "float8"}, "DType"),
     ("bad option value", {"Model": "", "Options": ["max_sequences:0"]}, "max_sequences"),
     ("option without key", {"Model": "", "Options": [":x"]}, "no key"),
     ("option not a bool", {"Model": "", "Options": ["enable_thinking:maybe"]}, "enable_thinking"),

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional
 
 from common.mlx_utils import Delta, OutputRouter, TextPipeline
-from common.python_utils import option_int
+from engine import kv_budget
 from engine.forward import Cancelled, Forward, ForwardWork
 from engine.sampling import RequestFailure, SamplingParams
 
@@ -59,6 +59,7 @@ class Request:
     n_draft: Optional[int] = None  # tokens speculated per step (None: the model's default, 0: none)
     fault: str = ""  # fault-injection site, tests only (MLX_BACKEND_FAULT_INJECTION=1)
     media: Any = None  # vision_prepare.VisionInputs of a request with images
+    open_ended: bool = False  # max_tokens is "to the context's end", not asked: the KV budget may shorten it
 
 
 @dataclass
@@ -126,6 +127,7 @@ QUIET_S = 0.003
 
 LOOP_BACKOFF_MAX_S = 0.5  # the longest pause between two passes of a loop that keeps failing
 LOOP_FAULT_PASSES = 12  # tests only: how many passes in a row Metadata fault "loop" fails
+FAULT_SECONDS = 5.0  # tests only: how long Metadata fault "failing" fails every pass, and "stall" blocks one
 
 
 def _backoff(failures: int) -> float:
@@ -146,11 +148,27 @@ def _default_prompt_cache_bytes() -> int:
 
 @dataclass
 class EngineConfig:
+    """How the engine serves a model: built from the load options (load_options), checked there."""
     max_sequences: int = 8
     prefill_step_size: int = 0  # 0: 128 on the CPU (~1.5 s a chunk here), 512 on a GPU
     prefill_batch_size: int = 8
     prompt_cache_bytes: int = field(default_factory=_default_prompt_cache_bytes)
     prompt_cache_entries: int = 64
+    forward_chunk_tokens: int = 0  # 0: a causal LM's prefill chunk, 1024 for an encoder
+    max_waiting: int = 128  # requests queued beyond the batch's free places; more are refused
+    kv_budget_bytes: Optional[int] = None  # KV bytes running requests may reserve; None: from memory, 0: no bound
+    health_timeout: float = 60.0  # seconds failing, or inside one pass, before Health says not serving
+
+    @classmethod
+    def from_settings(cls, s) -> "EngineConfig":
+        """From load_options.Settings; a row left unset (None) keeps the engine's default."""
+        d = cls()
+        return cls(
+            max_sequences=s.max_sequences, prefill_step_size=s.prefill_step_size,
+            prefill_batch_size=s.prefill_batch_size,
+            prompt_cache_bytes=d.prompt_cache_bytes if s.prompt_cache_bytes is None else s.prompt_cache_bytes,
+            prompt_cache_entries=s.prompt_cache_entries, forward_chunk_tokens=s.forward_chunk_tokens or 0,
+            max_waiting=s.max_waiting, kv_budget_bytes=s.kv_budget_bytes, health_timeout=s.health_timeout)
 
 
 @dataclass
@@ -161,6 +179,7 @@ class _Slot:
     uid: int = -1  # in the batch generator, once admitted
     cached: int = 0
     tokens: int = 0
+    kv_bytes: int = 0  # KV bytes reserved for it (kv_budget), counted while it runs
     t_arrived: float = 0.0
     t_admit: float = 0.0
     t_first: float = 0.0
@@ -200,7 +219,14 @@ class Engine:
         self._solo = None  # speculate.Solo: the lone request decoding speculatively, out of the batch
         self._forward = ForwardWork()  # embeddings and scores, run a chunk at a time between steps
         self._stopping = False
+        self._kv_budget = 0  # KV bytes running requests may reserve (0: no bound); set at each swap
         self._loop_faults = 0  # tests only: passes of the loop still to fail (Metadata fault "loop")
+        self._faulty_until = 0.0  # tests only: monotonic time until which every pass fails (fault "failing")
+        # For Health (read from the event loop): when the current pass began, whether the thread
+        # is only waiting for work, and since when every pass has failed.
+        self._beat = time.monotonic()
+        self._idle = False
+        self._failing_since: Optional[float] = None
         self.on_close: Optional[Callable[[str], None]] = None  # told, from the engine thread, why it ended
         self._thread = threading.Thread(target=self._run, name="mlx-engine", daemon=True)
         self._thread.start()
@@ -225,6 +251,21 @@ class Engine:
     @property
     def alive(self) -> bool:
         return self.dead is None and self._thread.is_alive()
+
+    def trouble(self) -> Optional[str]:
+        """Why the engine cannot serve (dead, failing every pass or stuck in one pass for longer
+        than health_timeout), or None. Any thread; Health turns not-serving on it."""
+        if not self.alive:
+            return f"the engine has stopped ({self.dead or 'gone'})"
+        now, limit = time.monotonic(), self.config.health_timeout
+        since = self._failing_since
+        if since is not None and now - since > limit:
+            return f"every engine pass has failed for {now - since:.1f}s (bound: option health_timeout={limit:g}s)"
+        idle, beat = self._idle, self._beat  # idle first: see _drain_inbox
+        if not idle and now - beat > limit:
+            return (f"the engine has been inside one call for {now - beat:.1f}s "
+                    f"(bound: option health_timeout={limit:g}s)")
+        return None
 
     def _put(self, command) -> None:
         with self._lock:
@@ -289,11 +330,11 @@ class Engine:
             self._stream = mx.default_stream(mx.default_device())
             last_mem, failures = 0.0, 0
             while not self._stopping:
+                self._beat = now = time.monotonic()
                 try:
-                    if self._loop_faults:  # tests only: a fault that recurs on every pass
-                        self._loop_faults -= 1
+                    if self._loop_faults or self._faulty_until > now:  # tests only: a fault on every pass
+                        self._loop_faults = max(self._loop_faults - 1, 0)
                         raise RuntimeError("injected fault in the engine loop")
-                    now = time.monotonic()
                     idle = not self.busy
                     if idle or now - last_mem > 0.5:  # fresh figures for Status, cheap
                         self._update_memory()
@@ -303,12 +344,15 @@ class Engine:
                     if not self._hold():
                         self._admit()
                     if self._slots:
+                        self._beat = time.monotonic()  # Health times each call of the pass: admit, step, chunk
                         self._step()
+                    self._beat = time.monotonic()
                     if self._forward.pending and not self._hold():
                         self._forward_chunk()
-                    failures = 0
+                    failures, self._failing_since = 0, None
                 except Exception:  # a bug in the batch as a whole: fail what runs, keep serving
                     failures += 1
+                    self._failing_since = self._failing_since or self._beat
                     self._loop_failed(failures)
                 finally:
                     self._flush()
@@ -392,10 +436,14 @@ class Engine:
 
     def _drain_inbox(self, timeout: Optional[float]) -> None:
         """Handle every command in the inbox, first waiting up to `timeout` (None: forever) for one."""
+        self._idle = timeout is None  # nothing to do until a command arrives: not stuck
         try:
             command = self._inbox.get(timeout=timeout) if timeout != 0 else self._inbox.get_nowait()
         except queue.Empty:
             return
+        finally:
+            self._beat = time.monotonic()  # before _idle clears, so Health never sees a stale beat
+            self._idle = False
         while True:
             self._handle(command)
             try:
@@ -414,6 +462,7 @@ class Engine:
             if command.done.set_running_or_notify_cancel():
                 try:
                     self._swap(command.model, command.config)
+                    self._beat = time.monotonic()  # a slow swap (its full collection) is no stuck pass
                     command.done.set_result(command.model)
                 except BaseException as e:  # delivered to the caller, then the engine goes on
                     command.done.set_exception(e)
@@ -476,9 +525,35 @@ class Engine:
             self._outbox.append((sink, Event(error=EngineError(
                 "ABORTED", "the model was reloaded while the request was prepared"))))
         else:
+            per_token = getattr(lm, "kv_bytes_per_token", 0) if self._kv_budget else 0
+            fits = self._kv_budget // per_token - len(request.prompt) if per_token else 0
+            if request.open_ended and 0 < fits < request.max_tokens:
+                request.max_tokens = fits  # it ends "length" where the KV budget ends, not past it
+            need = kv_budget.need(len(request.prompt), request.max_tokens, per_token)
+            refused = self._refusal(request, need, per_token)
+            if refused is not None:
+                self._outbox.append((sink, Event(error=EngineError("RESOURCE_EXHAUSTED", refused))))
+                log.info("request %d refused: %s", request.id, refused)
+                return
             pipeline = TextPipeline(lm.detokenizer(), request.stops, request.router)
             self._waiting.append(_Slot(request=request, sink=sink, pipeline=pipeline,
-                                       t_arrived=time.perf_counter()))
+                                       t_arrived=time.perf_counter(), kv_bytes=need))
+
+    def _refusal(self, request: Request, need: int, per_token: int) -> Optional[str]:
+        """Why a request cannot even wait (the queue is full, it could never fit), or None."""
+        c = self.config
+        places = max(c.max_sequences - len(self._slots), 0)  # those it fills are admitted this pass
+        if len(self._waiting) >= places + c.max_waiting:
+            return (f"{len(self._waiting)} requests are already waiting for a place in the batch "
+                    f"(bound: option max_waiting={c.max_waiting}); retry later")
+        if need > self._kv_budget > 0:
+            return kv_budget.refusal(len(request.prompt), request.max_tokens, per_token, self._kv_budget)
+        return None
+
+    def _kv_fits(self, slot: _Slot) -> bool:
+        """Whether its KV reservation fits next to the running requests' (always, with no budget)."""
+        reserved = sum(s.kv_bytes for s in self._slots.values())
+        return not self._kv_budget or reserved + slot.kv_bytes <= self._kv_budget
 
     def _enqueue_forward(self, command: Forward) -> None:
         lm = self.model
@@ -494,8 +569,8 @@ class Engine:
         """One bounded chunk of embedding / score work (forward.py), between two decode steps."""
         lm = self.model
         # A causal LM's chunk is its prefill chunk; an encoder is small: more rows per pass.
-        default = self._batch().prefill_step_size if lm.kind == "text" else 1024
-        budget = option_int(lm.options, "forward_chunk_tokens", default, minimum=1)
+        budget = self.config.forward_chunk_tokens or (
+            self._batch().prefill_step_size if lm.kind == "text" else 1024)
         prefix = (lambda: self._batch().cache) if lm.kind == "text" else (lambda: None)
         try:
             done = self._forward.run_chunk(lm, budget, prefix, self._stream)
@@ -514,6 +589,8 @@ class Engine:
             self._rejoin()
         while self._waiting and len(self._slots) < self.config.max_sequences:
             slot = self._waiting[0]  # stays in the queue, where a failure still finds it, until placed
+            if not self._kv_fits(slot):  # it waits (in order) for running requests to end
+                break
             req = slot.request
             slot.t_admit = time.perf_counter()
             # Alone, a short rest is prefilled at once and its first token sampled directly.
@@ -524,6 +601,10 @@ class Engine:
                     raise _InjectedDeath("injected engine death")
                 if req.fault == "loop":
                     self._loop_faults = LOOP_FAULT_PASSES
+                if req.fault == "failing":
+                    self._faulty_until = time.monotonic() + FAULT_SECONDS
+                if req.fault == "stall":  # a call that does not return, as far as Health can tell
+                    time.sleep(FAULT_SECONDS)
                 uid, slot.cached, first = self._batch().admit(
                     req.prompt, req.max_tokens, req.sampling, req.processors, req.ignore_eos,
                     on_error=lambda e, slot=slot: self._sampling_failed(slot, e), direct=direct,
@@ -726,6 +807,11 @@ class Engine:
         if config is not None:
             self.config = config
         self.model = model
+        budget = self.config.kv_budget_bytes
+        self._kv_budget = kv_budget.default_budget(self._mx) if budget is None and model is not None else budget or 0
+        if getattr(model, "kv_bytes_per_token", 0) and self._kv_budget:
+            log.info("KV budget: %d bytes (%d tokens at %d bytes/token)", self._kv_budget,
+                     self._kv_budget // model.kv_bytes_per_token, model.kv_bytes_per_token)
         # The model's objects live as long as it does: frozen, a full collection skips them and
         # walks only what requests create. Unfrozen, each walked ~460k objects (SmolLM2 with its
         # tokenizer), ~200 ms holding the GIL: a stall of every stream a few times a minute.

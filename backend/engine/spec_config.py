@@ -7,12 +7,10 @@ matches, default 3) and `ngram_min` (shortest, default 1).
 """
 
 from dataclasses import dataclass
-from typing import Any, Dict
+from typing import Any
 
-from common.python_utils import OptionError, option_int
+from common.python_utils import OptionError
 
-MODES = ("off", "lookup", "draft")
-MAX_DRAFT = 32  # a verification pass over more tokens than this costs more than it can win
 DEFAULT_DRAFT = {"lookup": 6, "draft": 3}
 
 
@@ -25,23 +23,16 @@ class Settings:
     draft: Any = None  # the draft model's LoadedModel, mode "draft" only
 
 
-def parse(options: Dict[str, Any], draft_model: str = "") -> Settings:
-    """The settings a LoadModel asks for; OptionError names the bad one."""
-    mode = str(options.get("speculation", "draft" if draft_model else "lookup")).lower()
-    if mode in ("false", "none", "0"):
-        mode = "off"
-    if mode not in MODES:
-        raise OptionError(f"option speculation: expected one of {', '.join(MODES)}, got {mode!r}")
+def parse(options, draft_model: str = "") -> Settings:
+    """The settings a LoadModel asks for, from load_options.Settings (each value already
+    checked against its range); OptionError names what does not go together."""
+    mode = options.speculation or ("draft" if draft_model else "lookup")
     if mode == "draft" and not draft_model:
         raise OptionError("option speculation:draft needs ModelOptions.DraftModel")
-    n_draft = option_int(options, "n_draft", DEFAULT_DRAFT.get(mode, 0), minimum=1)
-    if n_draft > MAX_DRAFT:
-        raise OptionError(f"option n_draft: must be <= {MAX_DRAFT}, got {n_draft}")
-    ngram_max = option_int(options, "ngram_size", 3, minimum=1)
-    ngram_min = option_int(options, "ngram_min", 1, minimum=1)
-    if ngram_min > ngram_max:
-        raise OptionError(f"option ngram_min: must be <= ngram_size ({ngram_max}), got {ngram_min}")
-    return Settings(mode=mode, n_draft=n_draft, ngram_max=ngram_max, ngram_min=ngram_min)
+    n_draft = options.n_draft or DEFAULT_DRAFT.get(mode, 0)
+    if options.ngram_min > options.ngram_size:
+        raise OptionError(f"option ngram_min: must be <= ngram_size ({options.ngram_size}), got {options.ngram_min}")
+    return Settings(mode=mode, n_draft=n_draft, ngram_max=options.ngram_size, ngram_min=options.ngram_min)
 
 
 def same_vocabulary(a, b) -> bool:

@@ -6,9 +6,9 @@ loader thread starts and while the old model keeps serving.
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
-from common.python_utils import OptionError, option_int
+from common.python_utils import OptionError
 
 log = logging.getLogger("mlx-backend.options")
 
@@ -17,8 +17,6 @@ log = logging.getLogger("mlx-backend.options")
 # whether a block has a bias, so both map to the same bit width here.
 _QUANTIZED = {"q8_0": 8, "q6_k": 6, "q5_0": 5, "q5_1": 5, "q4_0": 4, "q4_1": 4}
 _FLOAT = {"f32": "float32", "fp32": "float32", "f16": "float16", "fp16": "float16", "bf16": "bfloat16"}
-_BITS = (2, 3, 4, 5, 6, 8)
-_GROUP_SIZES = (32, 64, 128)
 _FLOAT_BITS = {"float32": 32, "float16": 16, "bfloat16": 16}
 
 
@@ -50,20 +48,15 @@ def _cache_type(field: str, text: str) -> Optional[KVSpec]:
     raise OptionError(f"{field}: unknown cache type {text!r} (one of: {', '.join([*_FLOAT, *_QUANTIZED])})")
 
 
-def kv_spec(cache_type_key: str, cache_type_value: str, options: Dict[str, Any]) -> Optional[KVSpec]:
+def kv_spec(cache_type_key: str, cache_type_value: str, options) -> Optional[KVSpec]:
     """The KV cache asked for, or None for the model's own float cache.
 
     The Option `kv_bits` (with `kv_group_size`) wins over CacheTypeKey/Value.
     mlx's quantized attention reads keys and values with one bit width, so
     when the two types differ the more precise one serves both (logged).
     """
-    group = option_int(options, "kv_group_size", 64, minimum=1)
-    if group not in _GROUP_SIZES:
-        raise OptionError(f"kv_group_size: must be one of {_GROUP_SIZES}, got {group}")
-    bits = option_int(options, "kv_bits", 0, minimum=0)
+    group, bits = options.kv_group_size, options.kv_bits  # load_options checked them against the table
     if bits:
-        if bits not in _BITS:
-            raise OptionError(f"kv_bits: must be one of {_BITS}, got {bits}")
         return KVSpec(bits=bits, group_size=group)
     key = _cache_type("CacheTypeKey", cache_type_key)
     value = _cache_type("CacheTypeValue", cache_type_value)

@@ -19,7 +19,6 @@ log = logging.getLogger("mlx-backend.loader")
 
 # Encoders: no causal LM head, so mlx-lm cannot serve them at all.
 ENCODER_TYPES = {"bert", "xlm-roberta", "xlm_roberta", "modernbert", "roberta"}
-POOLINGS = ("mean", "cls", "last", "none")
 
 
 @dataclass
@@ -66,14 +65,11 @@ def sentence_transformers_spec(path: Path) -> EmbeddingSpec:
     return spec
 
 
-def with_options(spec: EmbeddingSpec, options: Dict[str, Any]) -> EmbeddingSpec:
-    """The Options `embedding_pooling` and `embedding_normalize` override the model's own choice."""
-    from common.python_utils import OptionError, option_bool
-
-    pooling = str(options.get("embedding_pooling", spec.pooling)).lower()
-    if pooling not in POOLINGS:
-        raise OptionError(f"embedding_pooling: must be one of {', '.join(POOLINGS)}, got {pooling!r}")
-    return EmbeddingSpec(pooling=pooling, normalize=option_bool(options, "embedding_normalize", spec.normalize))
+def with_options(spec: EmbeddingSpec, options) -> EmbeddingSpec:
+    """The Options `embedding_pooling` and `embedding_normalize` (load_options.Settings, checked)
+    override the model's own choice."""
+    normalize = spec.normalize if options.embedding_normalize is None else options.embedding_normalize
+    return EmbeddingSpec(pooling=options.embedding_pooling or spec.pooling, normalize=normalize)
 
 
 def max_length(path: Path, config: Dict[str, Any]) -> int:

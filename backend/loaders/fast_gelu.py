@@ -51,10 +51,9 @@ class GELU(nn.Module):
 
 
 def for_encoder(model: nn.Module, options) -> int:
-    """swap_in unless the Option `fast_gelu:false` keeps the library's GELU; how many were replaced."""
-    from common.python_utils import option_bool
-
-    return swap_in(model) if option_bool(options, "fast_gelu", True) else 0
+    """swap_in unless the Option `fast_gelu:false` (load_options.Settings) keeps the library's GELU;
+    how many were replaced."""
+    return swap_in(model) if options.fast_gelu else 0
 
 
 def swap_in(model: nn.Module) -> int:

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+import load_options
+
 log = logging.getLogger("mlx-backend.loader")
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -44,12 +46,16 @@ class LoadSpec:
     model: str
     model_file: str = ""
     model_path: str = ""
-    options: Dict[str, Any] = field(default_factory=dict)
+    options: Any = field(default_factory=dict)  # load_options.Settings once built
     context_size: int = 0
     dtype: str = "auto"
     trust_remote_code: bool = False
     adapters: List[Tuple[str, float]] = field(default_factory=list)  # LoRA (directory, scale)
     kv: Any = None  # adapt_options.KVSpec, None: the model's own float cache
+
+    def __post_init__(self):
+        # Typed and checked once (load_options); a plain dict (a follower's copy, a draft's spec) too.
+        self.options = load_options.settings(self.options)
 
 
 @dataclass
@@ -61,7 +67,7 @@ class LoadedModel:
     config: Dict[str, Any]
     context_size: int
     dtype: str
-    options: Dict[str, Any]
+    options: Any  # load_options.Settings
     load_seconds: float
     # Which load this is: a request prepared for another epoch is refused.
     epoch: int = field(default_factory=lambda: next(_epochs))
