@@ -12,6 +12,8 @@ from common.python_utils import OptionError, option_int
 from engine import EngineError
 from engine.forward import EmbedJob, ScoreJob
 from engine.pair_forward import PairJob
+import limits
+from render_guard import bounded
 
 MAX_CANDIDATES = 256  # per Score call; the Option `max_candidates` changes it
 MAX_DOCUMENTS = 256  # per Rerank call; the Option `max_documents` changes it
@@ -140,10 +142,13 @@ def rerank_prompt(lm, query: str, document: str) -> Tuple[str, int]:
     tok = lm.tokenizer
     if getattr(tok, "has_chat_template", False) or getattr(tok, "chat_template", None):
         messages = [{"role": "system", "content": RERANK_SYSTEM}, {"role": "user", "content": user}]
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        mark = "\x00doc\x00"  # where the document sits in the rendered text
-        probe = tok.apply_chat_template(
-            [messages[0], {"role": "user", "content": head + mark}], add_generation_prompt=True, tokenize=False)
+        bound = limits.of(lm)
+        with bounded("query", bound.template_seconds, bound.template_output_bytes):
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            mark = "\x00doc\x00"  # where the document sits in the rendered text
+            probe = tok.apply_chat_template(
+                [messages[0], {"role": "user", "content": head + mark}], add_generation_prompt=True,
+                tokenize=False)
         before = probe.split(mark, 1)[0] if mark in probe else ""
     else:
         text = f"{RERANK_SYSTEM}\n\n{user}\n\nAnswer: "
