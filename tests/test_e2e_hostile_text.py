@@ -14,6 +14,7 @@ import time
 
 import grpc
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from common.launcher import backend_pb2, chat
 from conftest import run_threads, serving
@@ -264,3 +265,41 @@ def test_a_bound_option_out_of_range_fails_the_load(log_dir):
             result = b.load("", Options=[option])
             assert not result.success
             assert option.split(":")[0] in result.message, result.message
+
+
+# ---- a fuzz of the JSON fields of an otherwise valid chat: never UNKNOWN or INTERNAL ----
+
+TEXT = st.text(max_size=20)
+JSONISH = st.one_of(
+    TEXT, st.sampled_from(["", "{}", "[]", "null", "1e999", '{"type": "json_object"}', '{"a": NaN}']),
+    # Nesting under the bound, just past it, and past Python's recursion limit.
+    st.sampled_from([3, 65, 5000]).flatmap(lambda n: st.sampled_from([deep_array(n), deep_object(n)])),
+    st.recursive(st.none() | st.booleans() | st.integers() | TEXT,
+                 lambda c: st.lists(c, max_size=3) | st.dictionaries(TEXT, c, max_size=3), max_leaves=8)
+    .map(json.dumps))
+JSON_FIELDS = st.fixed_dictionaries({}, optional={
+    "Tools": JSONISH, "LogitBias": JSONISH, "json_schema": JSONISH, "response_format": JSONISH,
+    "chat_template_kwargs": JSONISH, "tool_calls": JSONISH,
+    "StopPrompts": st.lists(st.text(max_size=600), max_size=40),
+})
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(fields=JSON_FIELDS, rpc=st.sampled_from(["Predict", "TokenizeString"]))
+def test_fuzzed_json_fields_get_a_clear_answer(server, fields, rpc):
+    opts = chat("hi", Tokens=2)
+    for name, value in fields.items():
+        if name in ("Tools", "LogitBias"):
+            setattr(opts, name, value)
+        elif name == "tool_calls":
+            opts.Messages.add(role="assistant", content="", tool_calls=value)
+        elif name == "StopPrompts":
+            opts.StopPrompts.extend(value)
+        else:
+            opts.Metadata[name] = value
+    try:
+        getattr(server.stub, rpc)(opts, timeout=60)
+    except grpc.RpcError as e:
+        assert e.code() in (INVALID, EXHAUSTED), (e.code(), e.details())
+    assert server.proc.poll() is None
