@@ -174,6 +174,17 @@ def test_messages_over_their_byte_bound_are_refused_before_rendering(server):
     refused(server, lambda: server.stub.TokenizeString(opts, timeout=60), INVALID, "max_prompt_bytes")
 
 
+def test_embedding_score_and_rerank_texts_over_the_byte_bound(server):
+    stub, big = server.stub, "word " * (2 * MIB)  # 10 MiB
+    refused(server, lambda: stub.Embedding(backend_pb2.PredictOptions(Embeddings=big), timeout=60), INVALID,
+            "Embeddings", "max_prompt_bytes")
+    refused(server, lambda: stub.Score(backend_pb2.ScoreRequest(prompt=big, candidates=["a"]), timeout=60),
+            INVALID, "prompt and candidates", "max_prompt_bytes")
+    documents = ["y" * (MIB // 2)] * 20
+    refused(server, lambda: stub.Rerank(backend_pb2.RerankRequest(query="q", documents=documents), timeout=60),
+            INVALID, "query and documents", "max_prompt_bytes")
+
+
 def test_too_many_messages(server):
     opts = chat("hi", Tokens=2)
     for _ in range(4096):
