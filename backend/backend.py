@@ -62,9 +62,11 @@ def status_of(e: Exception, rpc: str):
     return "INTERNAL", f"{rpc} failed: {type(e).__name__}: {e}"
 
 
-def _passes_through(e: BaseException) -> bool:
-    # An abort already carries its status; a cancelled call has no one to answer.
-    return isinstance(e, (grpc.aio.AbortError, asyncio.CancelledError))
+async def _abort(context, e: Exception, rpc: str) -> None:
+    if isinstance(e, (grpc.aio.AbortError, asyncio.CancelledError)):
+        raise e  # an abort already carries its status; a cancelled call has no one to answer
+    code, message = status_of(e, rpc)
+    await context.abort(getattr(grpc.StatusCode, code), message)
 
 
 def answered(handler):
@@ -74,10 +76,7 @@ def answered(handler):
         try:
             return await handler(self, request, context)
         except Exception as e:
-            if _passes_through(e):
-                raise
-            code, message = status_of(e, handler.__name__)
-            await context.abort(getattr(grpc.StatusCode, code), message)
+            await _abort(context, e, handler.__name__)
     return run
 
 
@@ -89,10 +88,7 @@ def answered_stream(handler):
             async for item in handler(self, request, context):
                 yield item
         except Exception as e:
-            if _passes_through(e):
-                raise
-            code, message = status_of(e, handler.__name__)
-            await context.abort(getattr(grpc.StatusCode, code), message)
+            await _abort(context, e, handler.__name__)
     return run
 
 
