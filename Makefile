@@ -19,7 +19,9 @@ serve: install
 
 # One model over RANKS local processes (ring backend on loopback); rank 0 serves ADDR.
 RANKS ?= 2
+# The ranks' control channel is authenticated with MLX_BACKEND_GROUP_SECRET: a fresh one per start when unset.
 serve-distributed: install
+	MLX_BACKEND_GROUP_SECRET="$${MLX_BACKEND_GROUP_SECRET:-$$($(PY) -c 'import secrets; print(secrets.token_hex(32))')}" \
 	.venv/bin/mlx.launch --backend ring -n $(RANKS) --python $(abspath $(PY)) backend/backend.py --addr $(ADDR)
 
 demo: install

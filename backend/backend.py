@@ -31,9 +31,9 @@ from grpc_reflection.v1alpha import reflection  # noqa: E402
 
 import backend_pb2  # noqa: E402
 import backend_pb2_grpc  # noqa: E402
-from common import auth, parent_watch  # noqa: E402
+from common import auth, model_identity, parent_watch  # noqa: E402
 from common.mlx_utils import Delta, ToolCall  # noqa: E402
-from common.python_utils import OptionError, option_bool, option_int, parse_options  # noqa: E402
+from common.python_utils import OptionError, option_bool, option_int, parse_load_options  # noqa: E402
 import forward_prep  # noqa: E402
 import limits  # noqa: E402
 import prepare  # noqa: E402
@@ -44,7 +44,9 @@ from loaders import adapt_options, model_loader  # noqa: E402
 log = logging.getLogger("mlx-backend")
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+EXIT_CANNOT_LISTEN = 98  # the --addr could not be bound (98 is Linux's EADDRINUSE)
 SHUTDOWN_GRACE_S = 8.0  # running streams get this long to finish at shutdown
+LOADED_MESSAGE = "MLX model loaded successfully"  # LoadModel's answer, as LocalAI's mlx backend words it
 ENGINE_STOP_S = 3.0  # then the engine this long to end its step (a prefill chunk is ~1.5 s on a CPU)
 # Threads are made only when every existing one is busy, so this is a ceiling, not a cost:
 # requests whose template render runs up to its time bound hold one each, and the
@@ -115,9 +117,9 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         return lm
 
     def _check_identity(self, lm, identity: str):
-        if identity and lm.name and identity != lm.name:
-            raise EngineError(
-                "NOT_FOUND", f"mlx: model identity mismatch: loaded {lm.name!r}, requested {identity!r}")
+        refusal = model_identity.identity_mismatch(lm.name, identity)
+        if refusal is not None:
+            raise EngineError("NOT_FOUND", f"mlx: {refusal}")
 
     async def _prepared(self, request):
         """The engine Request for a PredictOptions (its failures leave through status_of)."""
@@ -159,7 +161,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         try:
             if request.ContextSize < 0:
                 raise OptionError(f"ContextSize: must be >= 0, got {request.ContextSize}")
-            options = parse_options(request.Options)
+            options = parse_load_options(request.Options)
             spec = model_loader.LoadSpec(
                 model=request.Model, model_file=request.ModelFile, model_path=request.ModelPath,
                 options=options,
@@ -195,8 +197,9 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             except Exception as e:
                 log.exception("LoadModel failed")
                 return backend_pb2.Result(success=False, message=f"{type(e).__name__}: {e}")
-        return backend_pb2.Result(
-            success=True, message=f"loaded {lm.source} (dtype {lm.dtype}, context {lm.context_size})")
+        log.info("LoadModel: serving %s (dtype %s, context %d)", lm.source, lm.dtype, lm.context_size)
+        # The host only logs the message: LocalAI's wording, the details are in our log.
+        return backend_pb2.Result(success=True, message=LOADED_MESSAGE)
 
     def _engine_config(self, options):
         d = EngineConfig()
@@ -458,11 +461,22 @@ async def serve(addr: str, group=None) -> None:
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        # gRPC's default lets a second server bind a port already served and share its
+        # connections: a stale or stray backend would silently answer half of the host's calls.
+        ("grpc.so_reuseport", 0),
     ])
     backend_pb2_grpc.add_BackendServicer_to_server(BackendServicer(engine), server)
     health = await standard_services(server, engine, loop)
-    if server.add_insecure_port(addr) == 0:
-        raise SystemExit(f"cannot listen on {addr}")
+    try:
+        bound = server.add_insecure_port(addr)
+    except RuntimeError:  # newer grpcio raises where older ones returned 0
+        bound = 0
+    if bound == 0:
+        log.error("cannot listen on %s (address in use or not available)", addr)
+        raise SystemExit(EXIT_CANNOT_LISTEN)
+    exposed = auth.open_bind_warning(addr)
+    if exposed:
+        log.warning("%s", exposed)
 
     def on_signal(sig: signal.Signals) -> None:
         log.info("received %s", sig.name)

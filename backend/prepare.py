@@ -71,7 +71,7 @@ def render_prompt(lm, opts, tools) -> str:
     if not tok.has_chat_template:
         raise OptionError("Messages: this model has no chat template; send a raw Prompt")
     bound = limits.of(lm)
-    messages = messages_to_dicts(opts.Messages, bound.max_json_depth)
+    messages = messages_to_dicts(opts.Messages, strict=True, max_depth=bound.max_json_depth)
     kwargs = template_kwargs(opts, lm.options, bound.max_json_depth)
     try:
         with bounded("Messages", bound.template_seconds, bound.template_output_bytes):

@@ -103,7 +103,8 @@ def _chat_prompt(lm, opts, tools, images: int, videos: int, template_kwargs: Dic
         kwargs["tools"] = tools
     try:
         messages = apply_chat_template(processor, lm.config,
-                                       messages_to_dicts(opts.Messages, limits.of(lm).max_json_depth),
+                                       messages_to_dicts(opts.Messages, strict=True,
+                                                         max_depth=limits.of(lm).max_json_depth),
                                        add_generation_prompt=True, return_messages=True, num_images=images)
         if videos:
             _add_videos(messages, videos)

@@ -6,9 +6,10 @@ unset or empty the server is open, as hosts without the token expect.
 """
 
 import hmac
+import ipaddress
 import logging
 import os
-from typing import List, Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 import grpc
 
@@ -50,17 +51,13 @@ def authorization_header(metadata) -> Optional[str]:
     return None
 
 
-def _rejecting_handler(handler: Optional[grpc.RpcMethodHandler], message: str) -> grpc.RpcMethodHandler:
-    """A handler of the same streaming kind as `handler` that fails with UNAUTHENTICATED.
+def rejecting_handler(handler: Optional[grpc.RpcMethodHandler], reject: Callable) -> grpc.RpcMethodHandler:
+    """A handler of the same streaming kind as `handler` whose behaviour is `reject`.
 
     The kind must match: a unary handler would wait for a request message that a
-    streaming client may never send. No deserializer: an unauthenticated payload
-    is never parsed.
+    streaming client may never send. No deserializer: a refused payload is never
+    parsed.
     """
-
-    async def reject(request_or_iterator, context):
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
     if handler is None:  # unknown method: refuse too, rather than reveal it is unknown
         return grpc.unary_unary_rpc_method_handler(reject)
     if handler.request_streaming and handler.response_streaming:
@@ -72,9 +69,8 @@ def _rejecting_handler(handler: Optional[grpc.RpcMethodHandler], message: str) -
     return grpc.unary_unary_rpc_method_handler(reject)
 
 
-class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses every RPC (Health included) that lacks `authorization: Bearer <token>`,
-    but those whose method name starts with one of `open_prefixes`."""
+class _BearerCheck:
+    """The decision both interceptor kinds share: refuse, with the reason, or let through."""
 
     def __init__(self, token: str, open_prefixes=()):
         if not token:
@@ -82,21 +78,70 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         self._token = token
         self._open = tuple(open_prefixes)
 
-    async def intercept_service(self, continuation, handler_call_details):
-        handler = await continuation(handler_call_details)
+    def refusal(self, handler_call_details) -> Optional[str]:
         if self._open and handler_call_details.method.startswith(self._open):
-            return handler
+            return None
         header = authorization_header(handler_call_details.invocation_metadata)
         reason = check_authorization(header, self._token)
+        if reason is not None:
+            log.warning("refused %s: %s", handler_call_details.method, reason)
+        return reason
+
+
+class BearerTokenInterceptor(_BearerCheck, grpc.aio.ServerInterceptor):
+    """Refuses every RPC (Health included) that lacks `authorization: Bearer <token>`,
+    but those whose method name starts with one of `open_prefixes`."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        reason = self.refusal(handler_call_details)
         if reason is None:
             return handler
-        log.warning("refused %s: %s", handler_call_details.method, reason)
-        return _rejecting_handler(handler, reason)
+
+        async def reject(request_or_iterator, context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
+
+        return rejecting_handler(handler, reject)
 
 
-def server_interceptors(env: Optional[Mapping[str, str]] = None) -> List[grpc.aio.ServerInterceptor]:
-    """The interceptors to install: one when a token is configured, none otherwise."""
+class SyncBearerTokenInterceptor(_BearerCheck, grpc.ServerInterceptor):
+    """The same check for a synchronous grpc.server."""
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        reason = self.refusal(handler_call_details)
+        if reason is None:
+            return handler
+
+        def reject(request_or_iterator, context):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
+
+        return rejecting_handler(handler, reject)
+
+
+def server_interceptors(env: Optional[Mapping[str, str]] = None, aio: bool = True) -> list:
+    """The interceptors to install: one when a token is configured, none otherwise
+    (for a grpc.aio server, or a synchronous one with aio=False)."""
     env = os.environ if env is None else env
     token = token_from_env(env)
+    if not token:
+        return []
     health_open = env.get(ENV_HEALTH_OPEN, "").strip().lower() in ("1", "true", "yes", "on")
-    return [BearerTokenInterceptor(token, (HEALTH_METHODS,) if health_open else ())] if token else []
+    kind = BearerTokenInterceptor if aio else SyncBearerTokenInterceptor
+    return [kind(token, (HEALTH_METHODS,) if health_open else ())]
+
+
+def open_bind_warning(addr: str, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The warning to log when `addr` listens beyond this machine with no token, else None."""
+    if token_from_env(env) or addr.startswith("unix:"):
+        return None
+    host = addr.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return None
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:
+        pass  # a host name other than localhost may resolve to any interface
+    return (f"listening on {addr} beyond loopback with no {ENV_TOKEN}: anyone who can reach this port can "
+            f"load models and run requests; set {ENV_TOKEN} or bind to 127.0.0.1")

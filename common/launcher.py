@@ -3,10 +3,12 @@
 Used by the smoke run, the demo, the end-to-end tests and the benchmark.
 """
 
+import fcntl
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Dict, Optional
 
@@ -22,10 +24,31 @@ import backend_pb2  # noqa: E402
 import backend_pb2_grpc  # noqa: E402
 
 
+EXIT_CANNOT_LISTEN = 98  # backend.py's exit code when its --addr cannot be bound
+_reserved = []  # lock files of the ports this process handed out, held until it exits
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port no other process is listening on, and that no other process using this
+    function (a concurrent test run, another checkout's) has been handed: between this
+    choice and the backend's bind the kernel could give the same free port to both."""
+    folder = os.path.join(tempfile.gettempdir(), f"mlx-backend-ports-{os.getuid()}")
+    os.makedirs(folder, exist_ok=True)
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        lock = open(os.path.join(folder, f"{port}.lock"), "a")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # reserved by a live process
+            lock.close()
+            continue
+        if any(held.name == lock.name for held in _reserved):  # handed out here already
+            lock.close()
+            continue
+        _reserved.append(lock)
+        return port
 
 
 class _Bearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
@@ -56,14 +79,19 @@ class Backend:
 
     def __init__(self, env: Optional[Dict[str, str]] = None, log_path: Optional[str] = None,
                  python: str = sys.executable):
+        self.env, self.log_path, self.python = env, log_path, python
+        self.binds = 0
+        self._spawn()
+
+    def _spawn(self) -> None:
+        self.binds += 1
         self.addr = f"127.0.0.1:{free_port()}"
-        self.log_path = log_path
-        out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(
-            [python, os.path.join(BACKEND_DIR, "backend.py"), "--addr", self.addr],
-            env=dict(os.environ, **(env or {})), stdout=out, stderr=subprocess.STDOUT)
+            [self.python, os.path.join(BACKEND_DIR, "backend.py"), "--addr", self.addr],
+            env=dict(os.environ, **(self.env or {})), stdout=out, stderr=subprocess.STDOUT)
         self.channel = grpc.insecure_channel(self.addr)
-        token = (env or {}).get("LOCALAI_GRPC_AUTH_TOKEN", os.environ.get("LOCALAI_GRPC_AUTH_TOKEN", ""))
+        token = (self.env or {}).get("LOCALAI_GRPC_AUTH_TOKEN", os.environ.get("LOCALAI_GRPC_AUTH_TOKEN", ""))
         channel = grpc.intercept_channel(self.channel, _Bearer(token)) if token else self.channel
         self.stub = backend_pb2_grpc.BackendStub(channel)
         self.raw_stub = backend_pb2_grpc.BackendStub(self.channel)  # sends no credentials
@@ -72,6 +100,11 @@ class Backend:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                # Another program took the port between our choice and the bind: a new one.
+                if self.proc.returncode == EXIT_CANNOT_LISTEN and self.binds < 3:
+                    self.channel.close()
+                    self._spawn()
+                    continue
                 raise RuntimeError(f"backend exited with {self.proc.returncode} (log: {self.log_path})")
             try:
                 if self.stub.Health(backend_pb2.HealthMessage(), timeout=2).message == b"OK":

@@ -23,6 +23,8 @@ log = logging.getLogger("mlx-backend.parent-watch")
 
 ENV_WATCH = "LOCALAI_BACKEND_PARENT_WATCH"
 ENV_INTERVAL = "LOCALAI_BACKEND_PARENT_WATCH_INTERVAL"
+# The names LocalAI's shared parent_watch.py gives them.
+ENV_PARENT_WATCH, ENV_PARENT_WATCH_INTERVAL = ENV_WATCH, ENV_INTERVAL
 DEFAULT_INTERVAL = 2.0
 
 _FALSEY = {"false", "0", "no", "off"}
@@ -111,13 +113,15 @@ def start_parent_watch(on_gone: Callable[[], None], interval: float, force_exit_
     if parent <= 1:
         return None
     thread = threading.Thread(
-        target=_watch, args=(parent, on_gone, interval, force_exit_after, getppid, exit),
+        target=_watch, args=(parent, interval, on_gone, force_exit_after, getppid, exit),
         name="parent-watch", daemon=True)
     thread.start()
     return thread
 
 
-def _watch(parent, on_gone, interval, force_exit_after, getppid, exit) -> None:
+def _watch(parent: int, interval: float, on_gone: Callable[[], None], force_exit_after: float = 5.0,
+           getppid: Callable[[], int] = os.getppid, exit: Callable[[int], None] = os._exit) -> None:
+    """The watch loop (blocks): the argument order of LocalAI's `_watch(ppid, interval, on_death)`."""
     while True:
         current = getppid()
         if current != parent:
@@ -133,3 +137,34 @@ def _watch(parent, on_gone, interval, force_exit_after, getppid, exit) -> None:
     time.sleep(force_exit_after)
     log.error("still running %gs after the parent died: exiting now", force_exit_after)
     exit(1)
+
+
+# --- LocalAI's entry point and helper names --------------------------------
+# LocalAI's backends arm the watch through grpc_auth.get_auth_interceptors(),
+# which calls start_parent_death_watcher(); its tests read the settings through
+# _enabled() and _interval_seconds(). Same rules as above.
+
+_death_watch: Optional[threading.Thread] = None
+_death_watch_lock = threading.Lock()
+
+
+def _enabled() -> bool:
+    # Windows hands an orphan to no well-known parent, so a changed pid means nothing there.
+    return os.name != "nt" and watch_enabled(os.environ.get(ENV_WATCH))
+
+
+def _interval_seconds() -> float:
+    return duration_from_env(ENV_INTERVAL, DEFAULT_INTERVAL)
+
+
+def start_parent_death_watcher() -> Optional[threading.Thread]:
+    """Arm the watch once per process for a backend without a graceful shutdown path:
+    when the parent is gone it exits at once with status 1. A no-op when turned off,
+    on Windows, when already armed, or with no parent to watch."""
+    global _death_watch
+    if not _enabled():
+        return None
+    with _death_watch_lock:
+        if _death_watch is None:
+            _death_watch = start_parent_watch(lambda: os._exit(1), _interval_seconds())
+        return _death_watch

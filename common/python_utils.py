@@ -32,11 +32,13 @@ def parse_value(raw: str) -> Any:
     return text
 
 
-def parse_options(options: Iterable[str]) -> Dict[str, Any]:
-    """`key:value` strings (the host's ModelOptions.Options) into a typed dict.
+def parse_load_options(options: Iterable[str]) -> Dict[str, Any]:
+    """`key:value` strings (the host's ModelOptions.Options) into a typed dict:
+    how LoadModel reads them.
 
-    Keys are case-insensitive and '-' equals '_'; a bare `key` means True;
-    the value is everything after the first ':' (so URLs and JSON survive).
+    Keys are case-insensitive and '-' equals '_'; a bare `key` means True (as
+    llama.cpp's backend reads it); the value is everything after the first ':'
+    (so URLs and JSON survive); an entry without a key is an OptionError.
     """
     parsed: Dict[str, Any] = {}
     for item in options:
@@ -48,6 +50,15 @@ def parse_options(options: Iterable[str]) -> Dict[str, Any]:
             raise OptionError(f"Options: entry {item!r} has no key")
         parsed[key] = parse_value(value) if sep else True
     return parsed
+
+
+def parse_options(options: Iterable[str]) -> Dict[str, Any]:
+    """LocalAI's shared-helper contract for the same list: entries without a colon,
+    or without a key, are skipped rather than refused; never raises.
+
+    Values and keys are typed and normalised as in parse_load_options.
+    """
+    return parse_load_options(o for o in options if o.partition(":")[0].strip() and ":" in o)
 
 
 def _number(name: str, value: Any, kind: type, minimum=None, maximum=None):
@@ -122,15 +133,18 @@ def parse_json_field(name: str, text: str, expect: type, max_depth: int = JSON_D
 
 def message_to_dict(index: int, role: str, content: str, name: str = "",
                     tool_call_id: str = "", reasoning_content: str = "",
-                    tool_calls: str = "", max_depth: int = JSON_DEPTH) -> Dict[str, Any]:
+                    tool_calls: str = "", strict: bool = True, max_depth: int = JSON_DEPTH) -> Dict[str, Any]:
     """One chat message as chat templates expect it.
 
     `tool_calls` arrives as a JSON array string (OpenAI shape); templates want
-    the objects, with `arguments` as a mapping where it parses as one.
+    the objects, with `arguments` as a mapping where it parses as one. Strict
+    (the servicer): a bad message is an OptionError naming it. Lenient (LocalAI's
+    contract): a tool_calls field that is not a JSON array is left out, and a
+    call without function.name is passed on as sent.
     """
-    if not role:
+    if not role and strict:
         raise OptionError(f"Messages[{index}]: role is empty")
-    msg: Dict[str, Any] = {"role": role, "content": content}
+    msg: Dict[str, Any] = {"role": role, "content": content or ""}
     if name:
         msg["name"] = name
     if tool_call_id:
@@ -138,26 +152,37 @@ def message_to_dict(index: int, role: str, content: str, name: str = "",
     if reasoning_content:
         msg["reasoning_content"] = reasoning_content
     if tool_calls:
-        calls = parse_json_field(f"Messages[{index}].tool_calls", tool_calls, list, max_depth)
+        try:
+            calls = parse_json_field(f"Messages[{index}].tool_calls", tool_calls, list, max_depth)
+        except OptionError:
+            if strict:
+                raise
+            return msg
         for call in calls:
             fn = call.get("function") if isinstance(call, dict) else None
             if not isinstance(fn, dict) or not fn.get("name"):
-                raise OptionError(f"Messages[{index}].tool_calls: each call needs function.name")
+                if strict:
+                    raise OptionError(f"Messages[{index}].tool_calls: each call needs function.name")
+                continue
             if isinstance(fn.get("arguments"), str):
                 try:
                     fn["arguments"] = load_json(f"Messages[{index}].tool_calls", fn["arguments"] or "{}",
                                                 max_depth)
                 except json.JSONDecodeError:
                     pass  # templates that print arguments verbatim still work
+                except OptionError:  # nested past the bound
+                    if strict:
+                        raise
         msg["tool_calls"] = calls
     return msg
 
 
-def messages_to_dicts(messages, max_depth: int = JSON_DEPTH) -> List[Dict[str, Any]]:
-    """Proto Messages (anything with the Message fields) into template dicts."""
+def messages_to_dicts(messages, strict: bool = False, max_depth: int = JSON_DEPTH) -> List[Dict[str, Any]]:
+    """Proto Messages (anything with the Message fields) into template dicts;
+    lenient by default (LocalAI's contract), strict for the servicer."""
     return [
         message_to_dict(i, m.role, m.content, m.name, m.tool_call_id,
-                        m.reasoning_content, m.tool_calls, max_depth)
+                        m.reasoning_content, m.tool_calls, strict=strict, max_depth=max_depth)
         for i, m in enumerate(messages)
     ]
 

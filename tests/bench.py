@@ -125,6 +125,13 @@ def raw_child(step: int) -> None:
         out.flush()
 
 
+def served_as(log_path: str) -> str:
+    """The model, dtype and context our server logged at its last load (LoadModel's answer says only "loaded")."""
+    with open(log_path, "rb") as f:
+        lines = [line for line in f.read().decode("utf-8", "replace").splitlines() if "LoadModel: serving " in line]
+    return lines[-1].split("LoadModel: serving ", 1)[1] if lines else "unknown (not in the server log)"
+
+
 def start_raw(step: int, log) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--raw-child", "--prefill-step", str(step)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
@@ -412,7 +419,8 @@ def main() -> None:
             if not hello:
                 raise RuntimeError("the raw mlx-lm child failed to load the model (see the log)")
             raw_dtype = json.loads(hello)["dtype"]
-            print(f"ours: {loaded.message}; raw mlx-lm: dtype {raw_dtype}", file=sys.stderr)
+            ours_dtype = served_as(args.log)
+            print(f"ours: {ours_dtype}; raw mlx-lm: dtype {raw_dtype}", file=sys.stderr)
             fresh = prompt_maker(stub, pb)
 
             # Warm-up on both sides (first calls allocate and build kernels).
@@ -454,7 +462,7 @@ def main() -> None:
           f"{took / 60:.1f} min; figures written to {args.out}", file=sys.stderr)
     with open(args.out, "w") as f:
         json.dump({"rounds": args.rounds, "prefill_step_size": args.prefill_step, "decode_tokens": DECODE_TOKENS,
-                   "dtype": {"ours": loaded.message, "raw": raw_dtype}, "summary": summary,
+                   "dtype": {"ours": ours_dtype, "raw": raw_dtype}, "summary": summary,
                    "per_round_extra": extras, "health_ms": health, "seconds": took}, f, indent=2)
 
 

@@ -6,11 +6,19 @@ import threading
 
 import grpc
 import pytest
+from hypothesis import HealthCheck, settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(REPO, "backend"), REPO]
 
 from common.launcher import Backend  # noqa: E402
+
+# Every run draws the same examples (a red run can be replayed as it was), and no example is
+# judged by wall time: this machine is shared, a slow example is not a failing one.
+settings.register_profile("suite", derandomize=True, deadline=None, database=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("explore", deadline=None, suppress_health_check=[HealthCheck.too_slow])  # new draws
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,8 @@ from common.launcher import BACKEND_DIR, Backend, backend_pb2, backend_pb2_grpc,
 
 import grpc
 
+GROUP_SECRET = "test-group-secret"  # the control channel's secret of every group started here
+
 
 def tiny_llama_dir(target: Path, heads: int = 4, kv_heads: int = 2, seed: int = 0) -> str:
     """A random-weight llama (2 layers, width 64) with SmolLM2's tokenizer and chat template."""
@@ -71,7 +73,8 @@ class RankGroup(Backend):
         self.addr = f"{ips[0]}:{free_port()}"
         self.log_path = str(workdir / f"{log_name}-rank0.log")
         self.followers: List[subprocess.Popen] = []
-        base = dict(os.environ, MLX_HOSTFILE=hf, **(env or {}))
+        base = dict(os.environ, MLX_HOSTFILE=hf, MLX_BACKEND_GROUP_SECRET=GROUP_SECRET)
+        base.update(env or {})
         for rank in range(1, ranks):
             out = open(workdir / f"{log_name}-rank{rank}.log", "ab")
             self.followers.append(subprocess.Popen(

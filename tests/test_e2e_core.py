@@ -134,45 +134,53 @@ def test_empty_prompt_is_invalid_argument(stub):
 
 
 def test_health_answers_fast_while_streaming(stub):
-    done = threading.Event()
+    """Health is answered between decode steps, not after them: its latency is compared with
+    the time between two tokens of the stream in the same window, not with a fixed number
+    of milliseconds (this machine is shared; both stretch alike when it is busy)."""
+    done, arrivals = threading.Event(), []
 
     def long_stream():
         try:
-            for _ in stub.PredictStream(chat("Write a long essay about the sea.", Tokens=60), timeout=120):
-                pass
+            for _ in stub.PredictStream(chat("Write a long essay about the sea.", Tokens=60, IgnoreEOS=True),
+                                        timeout=120):
+                arrivals.append(time.perf_counter())
         finally:
             done.set()
 
     t = threading.Thread(target=long_stream)
     t.start()
-    time.sleep(1.0)  # the stream is decoding by now
+    while not arrivals and not done.is_set():  # decoding from here on
+        time.sleep(0.01)
     latencies = []
     while not done.is_set() and len(latencies) < 200:
         start = time.perf_counter()
         assert stub.Health(backend_pb2.HealthMessage(), timeout=5).message == b"OK"
-        latencies.append((time.perf_counter() - start) * 1000)
+        latencies.append(time.perf_counter() - start)
         time.sleep(0.01)
     t.join()
-    assert len(latencies) >= 20
-    # A blocked event loop would show whole decode steps (~100 ms here).
-    assert statistics.median(latencies) < 25, latencies
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    assert len(latencies) >= 10 and len(gaps) >= 30
+    # A blocked event loop would make a Health call wait out most of a decode step.
+    assert statistics.median(latencies) < statistics.median(gaps) / 2, (latencies, gaps)
 
 
 def test_cancelled_stream_frees_its_slot(stub):
-    call = stub.PredictStream(chat("Write a long essay about the sea.", Tokens=200), timeout=120)
+    generated = stub.GetMetrics(backend_pb2.MetricsRequest(), timeout=5).tokens_generated
+    call = stub.PredictStream(chat("Write a long essay about the sea.", Tokens=200, IgnoreEOS=True), timeout=120)
     for i, _ in enumerate(call):
         if i == 2:
             call.cancel()
             break
     assert stub.Health(backend_pb2.HealthMessage(), timeout=5).message == b"OK"
-    start = time.monotonic()
     first = next(iter(stub.PredictStream(chat(Q, Tokens=8), timeout=60)))
     assert first.message
-    assert time.monotonic() - start < 10
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # a liveness bound only
     while stub.Status(backend_pb2.HealthMessage(), timeout=5).state != backend_pb2.StatusResponse.READY:
         assert time.monotonic() < deadline, "the cancelled request never left the batch"
         time.sleep(0.1)
+    # Counted, not timed: the cancelled request left after a few of its 200 tokens.
+    generated = stub.GetMetrics(backend_pb2.MetricsRequest(), timeout=5).tokens_generated - generated
+    assert generated < 100, f"{generated} tokens generated: the cancelled request kept decoding"
 
 
 def test_status_and_metrics(stub):

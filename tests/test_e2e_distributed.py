@@ -9,12 +9,13 @@ all_sum adds the halves in another order than one matmul does).
 import json
 import os
 import signal
+import socket
 import time
 
 import grpc
 import pytest
 
-from common.launcher import Backend, backend_pb2, chat
+from common.launcher import Backend, backend_pb2, chat, free_port
 from conftest import run_threads
 from dist_support import RankGroup, greedy, tiny_llama_dir
 
@@ -141,7 +142,7 @@ def test_status_reports_the_group(group):
     breakdown = group.stub.Status(backend_pb2.HealthMessage(), timeout=10).memory.breakdown
     assert breakdown["group_size"] == 2
     assert breakdown["rank0_active"] > 0
-    deadline = time.monotonic() + 10  # followers report with their heartbeat
+    deadline = time.monotonic() + 60  # followers report with their heartbeat (a liveness bound)
     while "rank1_active" not in breakdown and time.monotonic() < deadline:
         time.sleep(0.5)
         breakdown = group.stub.Status(backend_pb2.HealthMessage(), timeout=10).memory.breakdown
@@ -170,6 +171,14 @@ def test_unsplittable_model_refused_then_free_and_load_another(group, single, mo
 
     assert group.load(models[1]).success
     assert single.load(models[1]).success
+    assert_same(run(group.stub, opts), run(single.stub, opts))
+
+
+def test_a_follower_runs_no_model_code_unless_its_own_environment_allows_it(group, single, models):
+    result = group.load(models[0], TrustRemoteCode=True)
+    assert not result.success
+    assert "rank 1" in result.message and "MLX_BACKEND_RANK_TRUST_REMOTE_CODE" in result.message, result.message
+    opts = greedy("Still the old model", 6)
     assert_same(run(group.stub, opts), run(single.stub, opts))
 
 
@@ -283,11 +292,94 @@ def test_qwen_coder_over_two_ranks_matches_one_process(log_dir):
         result = g.load(path)
         assert result.success, result.message
         assert_same(run(g.stub, opts), want)
-        time.sleep(2)  # rank 1's figures come with its heartbeat
+        deadline = time.monotonic() + 60  # rank 1's figures come with its heartbeat
         mem = g.stub.Status(backend_pb2.HealthMessage(), timeout=10).memory.breakdown
+        while "rank1_active" not in mem and time.monotonic() < deadline:
+            time.sleep(0.5)
+            mem = g.stub.Status(backend_pb2.HealthMessage(), timeout=10).memory.breakdown
         print(f"one process {whole / 1e6:.0f} MB; per rank {mem['rank0_active'] / 1e6:.0f} / "
               f"{mem['rank1_active'] / 1e6:.0f} MB, peak {mem['peak'] / 1e6:.0f} / {mem['rank1_peak'] / 1e6:.0f} MB")
         # The layers are split, the embeddings (a quarter of this model) are not.
         assert max(mem["rank0_active"], mem["rank1_active"]) < 0.8 * whole
     finally:
         g.stop()
+
+
+def _dropped_within(sock, seconds: float) -> bool:
+    """Does rank 0 close this connection within `seconds` (whatever it sent first)?"""
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def _greeted(port: int):
+    """A connection past rank 0's greeting: (socket, rank 0's nonce)."""
+    from engine.lockstep import wire
+
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    greeting = wire.recv_exact(sock, len(wire.MAGIC) + wire.NONCE_BYTES)
+    assert greeting.startswith(wire.MAGIC)
+    return sock, greeting[len(wire.MAGIC):]
+
+
+def _hello(port: int, hello: dict, secret: str) -> socket.socket:
+    """A peer that frames `hello` correctly, under `secret`."""
+    from engine.lockstep import group as lgroup, wire
+
+    sock, leader_nonce = _greeted(port)
+    mine = os.urandom(wire.NONCE_BYTES)
+    sock.sendall(mine)
+    key = wire.session_key(lgroup.group_secret({"MLX_BACKEND_GROUP_SECRET": secret}), leader_nonce, mine)
+    wire.Channel(sock, key, leader=False, max_in=1 << 20, max_out=1 << 20).send(hello)
+    return sock
+
+
+def test_strangers_at_the_control_port_are_dropped_while_the_group_forms(models, single, log_dir):
+    import struct
+
+    from dist_support import GROUP_SECRET
+
+    port = free_port()
+    # Rank 1 reaches the control port late, so every stranger below comes first.
+    env = dict(ENV, MLX_BACKEND_CONTROL_PORT=str(port), MLX_BACKEND_FAULT_RANK_CONNECT_DELAY="8")
+    g = RankGroup(2, log_dir, env=env, log_name="dist-strangers")
+    try:
+        deadline = time.monotonic() + 120
+        while "control channel waiting" not in open(g.log_path, errors="replace").read():
+            assert time.monotonic() < deadline and g.proc.poll() is None, "rank 0 never opened its control port"
+            time.sleep(0.1)
+        started = time.monotonic()
+        silent = socket.create_connection(("127.0.0.1", port), timeout=30)
+        garbage = socket.create_connection(("127.0.0.1", port), timeout=30)
+        garbage.sendall(os.urandom(1024))
+        old_style = socket.create_connection(("127.0.0.1", port), timeout=30)
+        old_style.sendall(struct.pack(">I", 2) + b"{}" + b"\0" * 64)  # an unauthenticated hello of {}
+        empty = _hello(port, {}, GROUP_SECRET)  # authenticated, but no rank
+        wrong_key = _hello(port, {"rank": 1}, "not-the-secret")  # a stranger claiming rank 1
+        oversized, _ = _greeted(port)
+        oversized.sendall(os.urandom(16) + struct.pack(">I", 0xFFFFFFFF))
+        peers = {"garbage": garbage, "old-style {}": old_style, "{}": empty, "bad MAC": wrong_key,
+                 "oversized": oversized, "silent": silent}
+        for name, sock in peers.items():
+            assert _dropped_within(sock, 40), f"rank 0 kept the {name} connection"
+            sock.close()
+        assert time.monotonic() - started < 60  # the silent one is cut at the handshake bound (10 s)
+
+        g.wait_healthy(180)  # the real rank 1 joined after all of them
+        assert g.proc.poll() is None
+        result = g.load(models[0])
+        assert result.success, result.message
+        assert single.load(models[0]).success
+        opts = greedy("After the strangers", 8)
+        assert_same(run(g.stub, opts), run(single.stub, opts))
+        log = open(g.log_path, errors="replace").read()
+        assert log.count("dropped a connection") >= len(peers), log[-3000:]
+    finally:
+        g.stop()
+

@@ -47,7 +47,8 @@ def test_hub_id_offline_fails_clearly(fresh):
 
 
 def test_load_free_reload(fresh):
-    assert fresh.load("").success
+    loaded = fresh.load("")
+    assert loaded.success and loaded.message == "MLX model loaded successfully"  # LocalAI's wording
     assert "Paris" in predict(fresh.stub).message.decode()
     assert fresh.stub.Free(backend_pb2.HealthMessage(), timeout=30).success
     with pytest.raises(grpc.RpcError) as err:

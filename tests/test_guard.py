@@ -132,3 +132,20 @@ def test_token_from_env():
     assert token_from_env({"LOCALAI_GRPC_AUTH_TOKEN": TOKEN}) == TOKEN
     assert server_interceptors({"LOCALAI_GRPC_AUTH_TOKEN": ""}) == []
     assert len(server_interceptors({"LOCALAI_GRPC_AUTH_TOKEN": TOKEN})) == 1
+
+
+# (address, token set) -> warned? (hand table)
+BINDS = [("0.0.0.0:50051", False, True), ("[::]:50051", False, True), ("192.168.1.10:50051", False, True),
+         ("myhost:50051", False, True), (":50051", False, True), ("127.0.0.1:50051", False, False),
+         ("127.8.9.1:50051", False, False), ("localhost:50051", False, False), ("[::1]:50051", False, False),
+         ("unix:/tmp/x.sock", False, False), ("0.0.0.0:50051", True, False)]
+
+
+@pytest.mark.parametrize("addr,token,warned", BINDS)
+def test_a_bind_beyond_loopback_without_a_token_is_warned_about(addr, token, warned):
+    from common.auth import open_bind_warning
+
+    got = open_bind_warning(addr, {"LOCALAI_GRPC_AUTH_TOKEN": "t"} if token else {})
+    assert (got is not None) == warned
+    if warned:
+        assert addr in got and "LOCALAI_GRPC_AUTH_TOKEN" in got

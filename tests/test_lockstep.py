@@ -44,24 +44,150 @@ def test_a_processor_without_its_source_is_refused():
         wire.admit_wire([1], 4, SamplingParams(), [lambda t, x: x], False, False)
 
 
-@settings(max_examples=30, deadline=None)
-@given(st.lists(st.dictionaries(st.text(max_size=8), st.integers() | st.text(max_size=300), max_size=6),
-                min_size=1, max_size=8))
-def test_frames_arrive_whole_and_in_order(messages):
+class _Wire:
+    """A socket stand-in: what is sent is kept; what is received comes in the given split sizes."""
+
+    def __init__(self, data: bytes = b"", splits=()):
+        self.sent = bytearray()
+        self.data, self.splits, self.read = bytes(data), list(splits), 0
+
+    def sendall(self, b):
+        self.sent += b
+
+    def recv(self, n):
+        size = self.splits.pop(0) if self.splits else n
+        chunk = self.data[self.read:self.read + max(1, min(n, size))]
+        self.read += len(chunk)
+        return chunk
+
+    def settimeout(self, t):
+        pass
+
+
+KEY = b"k" * 32
+
+
+def _frames(messages, key=KEY) -> bytes:
+    out = _Wire()
+    sender = wire.Channel(out, key, leader=True, max_in=1 << 20, max_out=1 << 20)
+    for m in messages:
+        sender.send(m)
+    return bytes(out.sent)
+
+
+def _receiver(data, splits=(), key=KEY, max_in=1 << 20):
+    return wire.Channel(_Wire(data, splits), key, leader=False, max_in=max_in, max_out=1 << 20)
+
+
+messages_st = st.lists(st.dictionaries(st.text(max_size=8), st.integers() | st.text(max_size=300), max_size=6),
+                       min_size=1, max_size=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(messages_st, st.lists(st.integers(1, 64), max_size=200))
+def test_frames_arrive_whole_and_in_order_however_the_bytes_are_split(messages, splits):
+    rx = _receiver(_frames(messages), splits)
+    assert [rx.recv() for _ in messages] == messages
+    with pytest.raises(ConnectionError):
+        rx.recv()
+
+
+@settings(max_examples=60, deadline=None)
+@given(messages_st, st.data())
+def test_any_changed_byte_after_the_length_fails_authentication(messages, data):
+    stream = bytearray(_frames(messages[:1]))
+    at = data.draw(st.integers(4, len(stream) - 1))
+    stream[at] ^= data.draw(st.integers(1, 255))
+    with pytest.raises(wire.FrameError, match="authentication"):
+        _receiver(bytes(stream)).recv()
+
+
+def test_a_replayed_or_reflected_frame_fails_authentication():
+    one = _frames([{"k": "hb"}])
+    rx = _receiver(one + one)
+    assert rx.recv() == {"k": "hb"}
+    with pytest.raises(wire.FrameError, match="authentication"):
+        rx.recv()  # the same bytes again: the frame number differs
+    reflected = wire.Channel(_Wire(one), KEY, leader=True, max_in=1 << 20, max_out=1 << 20)
+    with pytest.raises(wire.FrameError, match="authentication"):
+        reflected.recv()  # rank 0's own frame sent back to it
+
+
+def test_a_frame_under_another_key_fails_authentication():
+    with pytest.raises(wire.FrameError, match="authentication"):
+        _receiver(_frames([{"rank": 1}], key=b"x" * 32)).recv()
+
+
+def test_an_oversized_length_is_refused_before_its_body_is_read():
+    import struct
+
+    rx = _receiver(struct.pack(">I", 0xFFFFFFFF) + b"\0" * 64)
+    with pytest.raises(wire.FrameError, match="4294967295 bytes is over the 1024-byte bound"):
+        rx.max_in = 1024
+        rx.recv()
+    assert rx.sock.read == 4  # neither its tag nor its body was read
+    with pytest.raises(wire.FrameError, match="over the 100-byte bound"):
+        wire.Channel(_Wire(), KEY, leader=True, max_in=100, max_out=100).send({"k": "x" * 200})
+
+
+def _hello_stream(hello, secret=b"s", follower_nonce=b"f" * 16, leader_nonce=None):
+    """What a follower would send to rank 0 (whose nonce is fixed here) after the greeting."""
+    key = wire.session_key(secret, leader_nonce, follower_nonce)
+    out = _Wire()
+    wire.Channel(out, key, leader=False, max_in=1 << 20, max_out=1 << 20).send(hello)
+    return follower_nonce + bytes(out.sent)
+
+
+@pytest.mark.parametrize("hello,why", [
+    ({}, "rank None"), ({"rank": 0}, "rank 0"), ({"rank": 4}, "rank 4"), ({"rank": True}, "rank True"),
+    ({"rank": "1"}, "rank '1'"), ({"rank": 1.0}, "rank 1.0")])
+def test_rank0_refuses_a_hello_without_a_valid_rank(hello, why, monkeypatch):
+    monkeypatch.setattr(wire.os, "urandom", lambda n: b"L" * n)
+    sock = _Wire(_hello_stream(hello, leader_nonce=b"L" * 16))
+    with pytest.raises(wire.FrameError, match=f"names {why}, not one of 1..3"):
+        wire.accept_hello(sock, b"s", 4, 1.0)
+    assert bytes(sock.sent) == wire.MAGIC + b"L" * 16
+
+
+def test_rank0_accepts_a_hello_under_the_secret_and_refuses_another(monkeypatch):
+    monkeypatch.setattr(wire.os, "urandom", lambda n: b"L" * n)
+    sock = _Wire(_hello_stream({"rank": 2}, leader_nonce=b"L" * 16))
+    rank, channel = wire.accept_hello(sock, b"s", 4, 1.0)
+    assert rank == 2 and channel.max_in == wire.FOLLOWER_MAX_FRAME
+    with pytest.raises(wire.FrameError, match="authentication"):
+        wire.accept_hello(_Wire(_hello_stream({"rank": 2}, secret=b"other", leader_nonce=b"L" * 16)), b"s", 4, 1.0)
+
+
+def test_a_follower_and_rank0_agree_over_a_real_connection():
     a, b = socket.socketpair()
-    lock = threading.Lock()
+    got = {}
+
+    def leader():
+        got["rank"], got["channel"] = wire.accept_hello(a, b"secret", 3, 5.0)
+
+    t = threading.Thread(target=leader)
+    t.start()
+    follower = wire.open_hello(b, b"secret", 2, 5.0)
+    t.join()
     try:
-        sender = threading.Thread(target=lambda: [wire.send_frame(a, lock, m) for m in messages])
-        sender.start()
-        got = [wire.recv_frame(b) for _ in messages]
-        sender.join()
-        assert got == messages
-        a.close()
-        with pytest.raises(ConnectionError):
-            wire.recv_frame(b)
+        assert got["rank"] == 2
+        got["channel"].send({"k": "ops", "ops": [{"k": "step"}]})
+        assert follower.recv() == {"k": "ops", "ops": [{"k": "step"}]}
+        follower.send({"k": "hb", "memory": {"active": 1}})
+        assert got["channel"].recv() == {"k": "hb", "memory": {"active": 1}}
     finally:
         a.close()
         b.close()
+
+
+def test_the_group_secret_comes_from_the_environment():
+    with pytest.raises(SystemExit, match="MLX_BACKEND_GROUP_SECRET"):
+        group.group_secret({})
+    token = "tok-123"
+    derived = group.group_secret({"LOCALAI_GRPC_AUTH_TOKEN": token})
+    assert derived != token.encode() and len(derived) == 32
+    own = group.group_secret({"LOCALAI_GRPC_AUTH_TOKEN": token, "MLX_BACKEND_GROUP_SECRET": "x"})
+    assert own not in (derived, b"x") and own == group.group_secret({"MLX_BACKEND_GROUP_SECRET": "x"})
 
 
 class _Shardable:
@@ -94,3 +220,34 @@ def test_the_split_check(dims, named):
 def test_an_architecture_without_tensor_parallelism_is_refused():
     with pytest.raises(ModelLoadError, match="no tensor parallelism"):
         group.check_shardable(object(), {"model_type": "m", "num_attention_heads": 4}, 2)
+
+
+def test_a_trickling_hello_is_cut_off_at_the_handshake_bound():
+    import struct
+    import time
+
+    a, b = socket.socketpair()
+    stop = threading.Event()
+
+    def trickle():  # a plausible start, then one byte at a time, never finishing
+        stream = b"n" * wire.NONCE_BYTES + struct.pack(">I", 4000) + b"t" * 10_000
+        try:
+            for byte in stream:
+                if stop.wait(0.2):
+                    return
+                b.sendall(bytes([byte]))
+        except OSError:
+            pass
+
+    t = threading.Thread(target=trickle)
+    t.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(socket.timeout):
+            wire.accept_hello(a, b"s", 2, 1.0)
+        assert time.monotonic() - started < 20  # byte by byte the hello would take 14 minutes
+    finally:
+        stop.set()
+        t.join()
+        a.close()
+        b.close()

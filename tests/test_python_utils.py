@@ -5,22 +5,22 @@ import json
 import pytest
 from hypothesis import given, strategies as st
 
-from common.python_utils import (OptionError, message_to_dict, option_float, option_int,
+from common.python_utils import (OptionError, message_to_dict, option_float, option_int, parse_load_options,
                                  parse_options, parse_tools, parse_value)
 
 
-def test_parse_options_types():
-    opts = parse_options(["context_size:4096", "Temperature: 0.5", "use-openblas:true",
-                          "enable_thinking:False", "name:smol", "url:http://x:1/y", "flag",
-                          "kw:{\"a\": 1}", ""])
+def test_parse_load_options_types():
+    opts = parse_load_options(["context_size:4096", "Temperature: 0.5", "use-openblas:true",
+                               "enable_thinking:False", "name:smol", "url:http://x:1/y", "flag",
+                               "kw:{\"a\": 1}", ""])
     assert opts == {"context_size": 4096, "temperature": 0.5, "use_openblas": True,
                     "enable_thinking": False, "name": "smol", "url": "http://x:1/y",
                     "flag": True, "kw": {"a": 1}}
 
 
-def test_parse_options_rejects_missing_key():
+def test_parse_load_options_rejects_missing_key():
     with pytest.raises(OptionError, match="no key"):
-        parse_options([":5"])
+        parse_load_options([":5"])
 
 
 @given(st.integers(-10**9, 10**9))

@@ -121,7 +121,9 @@ def test_soak(log_dir):
             time.sleep(0.1)
         status = stub.Status(backend_pb2.HealthMessage(), timeout=5)
         assert status.memory.breakdown["prompt_cache"] <= CACHE_BYTES
-        time.sleep(1.0)  # let gRPC retire the finished calls' threads
+        deadline = time.monotonic() + 60  # gRPC retires the finished calls' threads in its own time
+        while threads(pid) > threads0 + 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
         rss1, threads1 = rss_mb(pid), threads(pid)
         print(f"\nsoak: {N} requests ({cancelled} cancelled) in {elapsed:.0f}s; RSS {rss0:.0f} -> {rss1:.0f} MB; "
               f"threads {threads0} -> {threads1}; prompt cache {status.memory.breakdown['prompt_cache']} B; "

@@ -12,7 +12,8 @@ logits after the all_sum are the same on every rank, so every rank draws the
 same tokens without exchanging them.
 
 The journal travels over a control channel of its own: one TCP connection
-from each follower to rank 0, length-prefixed JSON frames (no pickling).
+from each follower to rank 0, length-prefixed JSON frames (no pickling), each
+authenticated with an HMAC under the group's secret and bounded in size.
 Beside the commands it carries model loads and their results, heartbeats and
 each follower's memory figures; and because it is a connection per rank, a
 dead or silent rank is known by its number. A collective waits forever on a

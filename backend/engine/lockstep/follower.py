@@ -10,8 +10,11 @@ import threading
 import time
 from typing import Any, Dict
 
-from engine.lockstep.group import CONNECT_S, EXIT_GROUP_LOST, HEARTBEAT_S, Group, GroupLost, Sharder, exchange_port
-from engine.lockstep.wire import memory_figures, processors_from_wire, recv_frame, sampling_from_wire, send_frame
+from engine.lockstep.group import (CONNECT_S, ENV_RANK_REMOTE_CODE, EXIT_GROUP_LOST, HEARTBEAT_S, HELLO_S, Group,
+                                   GroupLost, Sharder, exchange_port, rank_allows_remote_code)
+from engine.lockstep.wire import Channel, memory_figures, open_hello, processors_from_wire, sampling_from_wire
+
+ENV_CONNECT_DELAY = "MLX_BACKEND_FAULT_RANK_CONNECT_DELAY"  # tests: strangers reach rank 0 before this rank
 
 log = logging.getLogger("mlx-backend.lockstep")
 
@@ -24,7 +27,6 @@ class Follower:
 
         self.group = group
         self.mx = mx
-        self._lock = threading.Lock()
         self._ops: "queue.SimpleQueue" = queue.SimpleQueue()
         self._pending: Dict[int, Any] = {}  # load id -> LoadedModel, ready to swap in
         self._pending_lock = threading.Lock()
@@ -37,10 +39,9 @@ class Follower:
         self._named: Dict[tuple, tuple] = {}
         port = exchange_port(group, 0)
         host = group.hosts[0][0].rsplit(":", 1)[0]
-        self.sock = socket.create_connection((host, port), timeout=CONNECT_S)
-        self.sock.settimeout(None)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        send_frame(self.sock, self._lock, {"rank": group.rank})
+        if os.environ.get("MLX_BACKEND_FAULT_INJECTION") == "1" and os.environ.get(ENV_CONNECT_DELAY):
+            time.sleep(float(os.environ[ENV_CONNECT_DELAY]))
+        self.channel = _reach_rank0(host, port, group)
         threading.Thread(target=self._receive, name="rank0-rx", daemon=True).start()
         threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
 
@@ -54,7 +55,7 @@ class Follower:
     def _receive(self) -> None:
         while True:
             try:
-                msg = recv_frame(self.sock)
+                msg = self.channel.recv()
             except (OSError, ValueError) as e:
                 self._fatal(f"rank 0 closed the control connection ({e})")
                 return
@@ -72,7 +73,7 @@ class Follower:
         while True:
             time.sleep(HEARTBEAT_S)
             try:
-                send_frame(self.sock, self._lock, {"k": "hb", "memory": self.memory})
+                self.channel.send({"k": "hb", "memory": self.memory})
             except OSError as e:
                 self._fatal(f"the control connection failed ({e})")
             silent = time.monotonic() - self._seen
@@ -83,17 +84,21 @@ class Follower:
         from loaders import model_loader
 
         try:
+            if spec.get("trust_remote_code") and not rank_allows_remote_code():
+                raise model_loader.ModelLoadError(
+                    f"rank {self.group.rank} does not run code from model folders (trust_remote_code); "
+                    f"set {ENV_RANK_REMOTE_CODE}=1 in that rank's environment to allow it")
             lm = model_loader.load(model_loader.LoadSpec(**spec), shard=Sharder(self.group))
             with self._pending_lock:
                 self._pending[load_id] = lm
             reply = {"k": "loaded", "id": load_id, "ok": True}
         except Exception as e:
             log.error("rank %d: loading failed: %s", self.group.rank, e)
-            reply = {"k": "loaded", "id": load_id, "ok": False, "message": f"{type(e).__name__}: {e}"}
+            reply = {"k": "loaded", "id": load_id, "ok": False, "message": f"{type(e).__name__}: {e}"[:4000]}
         self.memory = memory_figures()
         try:
-            send_frame(self.sock, self._lock, reply)
-        except OSError as e:
+            self.channel.send(reply)
+        except (OSError, ValueError) as e:
             self._fatal(f"the control connection failed ({e})")
 
     def run(self) -> None:
@@ -162,13 +167,36 @@ class Follower:
             raise ValueError(f"unknown journal entry {kind!r}")
 
 
+def _reach_rank0(host: str, port: int, group: Group) -> Channel:
+    """The control channel to rank 0, tried again while strangers fill its handshake slots."""
+    deadline = time.monotonic() + CONNECT_S
+    while True:
+        sock = None
+        try:
+            sock = socket.create_connection((host, port), timeout=max(1.0, deadline - time.monotonic()))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return open_hello(sock, group.secret, group.rank, HELLO_S)
+        except OSError as e:  # not FrameError: a peer that is not rank 0 of this group is not retried
+            if sock is not None:
+                sock.close()
+            if time.monotonic() + 1.0 > deadline:
+                raise
+            log.warning("rank %d: reaching rank 0 failed (%s); trying again", group.rank, e)
+            time.sleep(1.0)
+
+
 def _ignore(e: Exception) -> None:
     log.debug("a request's sampler failed here as on rank 0: %s", e)
 
 
 def follow(group: Group) -> None:
     """Run this process as a follower until rank 0 stops it; never returns."""
-    follower = Follower(group)
+    try:
+        follower = Follower(group)
+    except (OSError, ValueError) as e:  # rank 0 unreachable, or not speaking this group's protocol and secret
+        log.critical("rank %d: cannot join rank 0's control channel: %s", group.rank, e)
+        logging.shutdown()
+        os._exit(EXIT_GROUP_LOST)
     log.info("rank %d of %d following rank 0 (pid %d)", group.rank, group.size, os.getpid())
     try:
         follower.run()

@@ -5,14 +5,16 @@ import dataclasses
 import itertools
 import logging
 import os
+import queue
 import socket
 import threading
 import time
 from typing import Dict, List, Optional
 
 from engine.core import Engine, EngineError
-from engine.lockstep.group import CONNECT_S, EXIT_GROUP_LOST, HEARTBEAT_S, Group, GroupLost, Sharder, exchange_port
-from engine.lockstep.wire import admit_wire, recv_frame, send_frame
+from engine.lockstep.group import (CONNECT_S, EXIT_GROUP_LOST, HEARTBEAT_S, HELLO_S, MAX_HANDSHAKES, Group, GroupLost,
+                                   Sharder, control_port, exchange_port)
+from engine.lockstep.wire import Channel, FrameError, accept_hello, admit_wire
 
 log = logging.getLogger("mlx-backend.lockstep")
 
@@ -29,42 +31,33 @@ class Leader:
         self.lost = ""  # "rank N: why", once a rank is gone
         self.on_lost = None  # called once, from a channel thread
         self.memory: Dict[int, Dict[str, int]] = {}
-        self._socks: Dict[int, socket.socket] = {}
-        self._seen: Dict[int, float] = {}
-        self._lock = threading.Lock()
+        self._channels: Dict[int, Channel] = {}
         self._lost_lock = threading.Lock()
         self._last_send = 0.0
         self._loads: Dict[int, Dict[int, concurrent.futures.Future]] = {}
         self._load_ids = itertools.count(1)
         self._stopping = False
         host = group.hosts[0][0].rsplit(":", 1)[0]
-        server = socket.create_server((host, 0))
+        server = socket.create_server((host, control_port()))
         exchange_port(group, server.getsockname()[1])
-        server.settimeout(CONNECT_S)
+        log.info("control channel waiting for ranks %s on %s:%d", list(range(1, group.size)), host,
+                 server.getsockname()[1])
         try:
-            while len(self._socks) < group.size - 1:
-                sock, _ = server.accept()
-                sock.settimeout(None)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                rank = recv_frame(sock)["rank"]
-                self._socks[rank] = sock
-                self._seen[rank] = time.monotonic()
-        except socket.timeout:
-            missing = sorted(set(range(1, group.size)) - set(self._socks))
-            raise SystemExit(f"ranks {missing} did not reach rank 0 within {CONNECT_S:g}s")
+            self._channels = _accept_ranks(server, group)
         finally:
             server.close()
-        log.info("control channel up with ranks %s", sorted(self._socks))
-        for rank, sock in self._socks.items():
-            threading.Thread(target=self._receive, args=(rank, sock), name=f"rank{rank}-rx", daemon=True).start()
+        self._seen: Dict[int, float] = {rank: time.monotonic() for rank in self._channels}
+        log.info("control channel up with ranks %s", sorted(self._channels))
+        for rank, channel in self._channels.items():
+            threading.Thread(target=self._receive, args=(rank, channel), name=f"rank{rank}-rx", daemon=True).start()
         threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
 
     def send(self, msg: dict) -> None:
         """To every follower, in order; a rank that cannot take it is lost."""
-        for rank, sock in self._socks.items():
+        for rank, channel in self._channels.items():
             try:
-                send_frame(sock, self._lock, msg)
-            except OSError as e:
+                channel.send(msg)
+            except (OSError, FrameError) as e:  # a frame that cannot go out leaves the ranks apart
                 self.lose(rank, f"the connection failed ({e})")
         self._last_send = time.monotonic()
 
@@ -81,10 +74,10 @@ class Leader:
         if self.on_lost is not None:
             self.on_lost(self.lost)
 
-    def _receive(self, rank: int, sock: socket.socket) -> None:
+    def _receive(self, rank: int, channel: Channel) -> None:
         while True:
             try:
-                msg = recv_frame(sock)
+                msg = channel.recv()
             except (OSError, ValueError) as e:
                 self.lose(rank, f"it closed the control connection ({e})")
                 return
@@ -117,7 +110,7 @@ class Leader:
         from loaders import model_loader
 
         load_id = next(self._load_ids)
-        futures = {r: concurrent.futures.Future() for r in self._socks}
+        futures = {r: concurrent.futures.Future() for r in self._channels}
         self._loads[load_id] = futures
         try:
             self.send({"k": "load", "id": load_id, "spec": dataclasses.asdict(spec)})
@@ -145,6 +138,68 @@ class Leader:
             return lm
         finally:
             self._loads.pop(load_id, None)
+
+
+def _accept_ranks(server: socket.socket, group: Group) -> Dict[int, Channel]:
+    """A channel per follower. Peers that fail the handshake are dropped; the wait goes on for the real ones."""
+    joined: "queue.SimpleQueue" = queue.SimpleQueue()
+    slots = threading.BoundedSemaphore(MAX_HANDSHAKES)
+    formed = threading.Event()
+
+    def handshake(sock: socket.socket, peer) -> None:
+        try:
+            rank, channel = accept_hello(sock, group.secret, group.size, HELLO_S)
+            channel.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            joined.put((rank, channel, peer))
+            if formed.is_set():  # too late: nobody reads the queue any more
+                _close_joined(joined)
+        except (OSError, ValueError) as e:  # socket.timeout is an OSError; FrameError a ValueError
+            log.warning("control channel: dropped a connection from %s: %s", peer, e or type(e).__name__)
+            sock.close()
+        finally:
+            slots.release()
+
+    channels: Dict[int, Channel] = {}
+    deadline = time.monotonic() + CONNECT_S
+    server.settimeout(0.2)  # also how often the joined queue is read
+    while len(channels) < group.size - 1:
+        while not joined.empty():
+            rank, channel, peer = joined.get()
+            if rank in channels:  # it holds the secret: a second process started as the same rank
+                log.warning("control channel: rank %d connected again from %s; dropped", rank, peer)
+                channel.close()
+            else:
+                channels[rank] = channel
+        if len(channels) == group.size - 1:
+            break
+        if time.monotonic() > deadline:
+            for channel in channels.values():
+                channel.close()
+            missing = sorted(set(range(1, group.size)) - set(channels))
+            raise SystemExit(f"ranks {missing} did not reach rank 0 within {CONNECT_S:g}s")
+        try:
+            sock, peer = server.accept()
+        except socket.timeout:
+            continue
+        if not slots.acquire(blocking=False):
+            log.warning("control channel: %d handshakes under way; dropped a connection from %s",
+                        MAX_HANDSHAKES, peer)
+            sock.close()
+            continue
+        threading.Thread(target=handshake, args=(sock, peer), name="hello", daemon=True).start()
+    formed.set()
+    _close_joined(joined)
+    return channels
+
+
+def _close_joined(joined: "queue.SimpleQueue") -> None:
+    while True:
+        try:
+            rank, channel, peer = joined.get_nowait()
+        except queue.Empty:
+            return
+        log.warning("control channel: rank %d connected again from %s; dropped", rank, peer)
+        channel.close()
 
 
 class RecordingBatch:
