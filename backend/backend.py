@@ -9,6 +9,7 @@ MLX or blocks; the engine thread does all model work.
 import argparse
 import asyncio
 import concurrent.futures
+import functools
 import json
 import logging
 import os
@@ -34,9 +35,11 @@ from common import auth, model_identity, parent_watch  # noqa: E402
 from common.mlx_utils import Delta, ToolCall  # noqa: E402
 from common.python_utils import OptionError  # noqa: E402
 import forward_prep  # noqa: E402
+import limits  # noqa: E402
 import load_options  # noqa: E402
 import prepare  # noqa: E402
 import rpc_gate  # noqa: E402
+from render_guard import bounded  # noqa: E402
 from rpc_gate import gated  # noqa: E402
 from engine import Engine, EngineConfig, EngineError, lockstep, spec_config  # noqa: E402
 from loaders import adapt_options, model_loader  # noqa: E402
@@ -48,13 +51,57 @@ EXIT_CANNOT_LISTEN = 98  # the --addr could not be bound (98 is Linux's EADDRINU
 SHUTDOWN_GRACE_S = 8.0  # running streams get this long to finish at shutdown
 LOADED_MESSAGE = "MLX model loaded successfully"  # LoadModel's answer, as LocalAI's mlx backend words it
 ENGINE_STOP_S = 3.0  # then the engine this long to end its step (a prefill chunk is ~1.5 s on a CPU)
+# Threads are made only when every existing one is busy, so this is a ceiling, not a cost:
+# requests whose template render runs up to its time bound hold one each, and the
+# ordinary requests next to them still find a free one.
+PREP_THREADS = 16
+
+
+def status_of(e: Exception, rpc: str):
+    """The one error -> status map of every RPC: (gRPC code name, message)."""
+    if isinstance(e, OptionError):
+        return "INVALID_ARGUMENT", str(e)
+    if isinstance(e, EngineError):
+        return e.code, str(e)
+    log.error("%s failed", rpc, exc_info=e)  # a bug: its traceback goes to the log
+    return "INTERNAL", f"{rpc} failed: {type(e).__name__}: {e}"
+
+
+async def _abort(context, e: Exception, rpc: str) -> None:
+    if isinstance(e, (grpc.aio.AbortError, asyncio.CancelledError)):
+        raise e  # an abort already carries its status; a cancelled call has no one to answer
+    code, message = status_of(e, rpc)
+    await context.abort(getattr(grpc.StatusCode, code), message)
+
+
+def answered(handler):
+    """A unary RPC whose failures, whatever they are, leave through status_of (never UNKNOWN)."""
+    @functools.wraps(handler)
+    async def run(self, request, context):
+        try:
+            return await handler(self, request, context)
+        except Exception as e:
+            await _abort(context, e, handler.__name__)
+    return run
+
+
+def answered_stream(handler):
+    """The same for a server-streaming RPC."""
+    @functools.wraps(handler)
+    async def run(self, request, context):
+        try:
+            async for item in handler(self, request, context):
+                yield item
+        except Exception as e:
+            await _abort(context, e, handler.__name__)
+    return run
 
 
 class BackendServicer(backend_pb2_grpc.BackendServicer):
     def __init__(self, engine: Engine):
         self.engine = engine
         # Chat templates and tokenizers run here, off the event loop.
-        self.prep = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="prep")
+        self.prep = concurrent.futures.ThreadPoolExecutor(max_workers=PREP_THREADS, thread_name_prefix="prep")
         # Models load here while the engine keeps serving the old one; one load at a time.
         self.loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="load")
         self.load_lock = asyncio.Lock()
@@ -62,8 +109,8 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
 
     # ---- helpers ------------------------------------------------------------
 
-    async def _fail(self, context, code: str, message: str):
-        await context.abort(getattr(grpc.StatusCode, code), message)
+    def _on_prep(self, fn, *args):
+        return asyncio.get_running_loop().run_in_executor(self.prep, fn, *args)
 
     def _loaded(self):
         if not self.engine.alive:
@@ -78,24 +125,16 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         if refusal is not None:
             raise EngineError("NOT_FOUND", f"mlx: {refusal}")
 
-    async def _prepared(self, request, context):
-        """The engine Request for a PredictOptions, or abort with the reason."""
-        try:
-            lm = self._loaded()
-            self._check_identity(lm, request.ModelIdentity)
-            if lm.kind == "embedding":
-                raise OptionError("the loaded model is an embedding model: it serves Embedding and Rerank only")
-            if lm.kind == "reranker":
-                raise OptionError("the loaded model is a cross-encoder reranker: it serves Rerank only")
-            with self.engine.arriving():  # the engine may wait for it to prefill a burst together
-                return await asyncio.get_running_loop().run_in_executor(self.prep, prepare.build_request, lm, request)
-        except OptionError as e:
-            await self._fail(context, "INVALID_ARGUMENT", str(e))
-        except EngineError as e:
-            await self._fail(context, e.code, str(e))
-        except Exception as e:  # a bug or a tokenizer failure: this request only
-            log.exception("preparing a request failed")
-            await self._fail(context, "INTERNAL", f"preparing the request failed: {type(e).__name__}: {e}")
+    async def _prepared(self, request):
+        """The engine Request for a PredictOptions (its failures leave through status_of)."""
+        lm = self._loaded()
+        self._check_identity(lm, request.ModelIdentity)
+        if lm.kind == "embedding":
+            raise OptionError("the loaded model is an embedding model: it serves Embedding and Rerank only")
+        if lm.kind == "reranker":
+            raise OptionError("the loaded model is a cross-encoder reranker: it serves Rerank only")
+        with self.engine.arriving():  # the engine may wait for it to prefill a burst together
+            return await self._on_prep(prepare.build_request, lm, request)
 
     @staticmethod
     def _reply(ev, deltas) -> "backend_pb2.Reply":
@@ -115,12 +154,14 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
 
     # ---- RPCs -----------------------------------------------------------------
 
+    @answered
     async def Health(self, request, context):
         trouble = self.engine.trouble()
         if trouble is not None:  # dead, failing or stuck: the host then restarts this process
-            await self._fail(context, "UNAVAILABLE", f"mlx: {trouble}")
+            raise EngineError("UNAVAILABLE", f"mlx: {trouble}")
         return backend_pb2.Reply(message=b"OK")
 
+    @answered
     async def LoadModel(self, request, context):
         try:
             # Every option and field is checked here, before anything loads; the engine gets them typed.
@@ -136,6 +177,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
                     request.LoraAdapter, request.LoraScale, request.LoraAdapters, request.LoraScales),
                 kv=adapt_options.kv_spec(request.CacheTypeKey, request.CacheTypeValue, options))
             config = EngineConfig.from_settings(options)
+            text_limits = limits.from_options(options)
             speculation = spec_config.parse(options, request.DraftModel)
             if speculation.mode == "draft" and hasattr(self.engine, "load_model"):
                 raise OptionError("DraftModel: a draft model is not served across ranks")
@@ -150,6 +192,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
                 lm = await asyncio.get_running_loop().run_in_executor(self.loader, load, spec)
                 lm = await asyncio.get_running_loop().run_in_executor(
                     self.loader, spec_config.attach, lm, speculation, spec, request.DraftModel)
+                lm.derived[limits.KEY] = text_limits
                 await asyncio.wrap_future(self.engine.swap(lm, config))
                 self.gate.limit = options.max_concurrent_rpcs
             except (model_loader.ModelNotFound, model_loader.ModelLoadError, EngineError) as e:
@@ -162,6 +205,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         # The host only logs the message: LocalAI's wording, the details are in our log.
         return backend_pb2.Result(success=True, message=LOADED_MESSAGE)
 
+    @answered
     async def Free(self, request, context):
         try:
             async with self.load_lock:
@@ -175,57 +219,46 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         # later; the done callback fires as soon as the client goes away.
         context.add_done_callback(lambda _: self.engine.cancel(req.id))
 
+    @answered_stream
     @gated
     async def PredictStream(self, request, context):
-        req = await self._prepared(request, context)
+        req = await self._prepared(request)
         self._cancel_when_done(context, req)
-        try:
-            async for ev in self.engine.stream(req):
-                if ev.deltas or ev.finish:
-                    yield self._reply(ev, ev.deltas)
-        except EngineError as e:
-            await self._fail(context, e.code, str(e))
+        async for ev in self.engine.stream(req):
+            if ev.deltas or ev.finish:
+                yield self._reply(ev, ev.deltas)
 
+    @answered
     @gated
     async def Predict(self, request, context):
-        req = await self._prepared(request, context)
+        req = await self._prepared(request)
         self._cancel_when_done(context, req)
         deltas, last = [], None
-        try:
-            async for ev in self.engine.stream(req):
-                deltas.extend(ev.deltas)
-                last = ev
-        except EngineError as e:
-            await self._fail(context, e.code, str(e))
+        async for ev in self.engine.stream(req):
+            deltas.extend(ev.deltas)
+            last = ev
         return self._reply(last, [merge_deltas(deltas)])
 
+    @answered
     @gated
     async def TokenizeString(self, request, context):
-        try:
-            lm = self._loaded()
-            self._check_identity(lm, request.ModelIdentity)
-            tokens = await asyncio.get_running_loop().run_in_executor(
-                self.prep, prepare.prompt_tokens, lm, request)
-        except OptionError as e:
-            await self._fail(context, "INVALID_ARGUMENT", str(e))
-        except EngineError as e:
-            await self._fail(context, e.code, str(e))
+        lm = self._loaded()
+        self._check_identity(lm, request.ModelIdentity)
+        tokens = await self._on_prep(prepare.prompt_tokens, lm, request)
         return backend_pb2.TokenizationResponse(length=len(tokens), tokens=tokens)
 
+    @answered
     @gated
     async def Detokenize(self, request, context):
-        try:
-            lm = self._loaded()
-        except EngineError as e:
-            await self._fail(context, e.code, str(e))
-        vocab = len(lm.tokenizer)
-        bad = [t for t in request.tokens if not 0 <= t < vocab]
-        if bad:
-            await self._fail(context, "INVALID_ARGUMENT", f"tokens: ids out of range [0, {vocab}): {bad[:5]}")
-        text = await asyncio.get_running_loop().run_in_executor(
-            self.prep, lm.tokenizer.decode, list(request.tokens))
+        lm = self._loaded()
+        # Counted before anything is copied out of the message; checked and decoded off the loop.
+        bound = limits.of(lm).max_detokenize_tokens
+        if len(request.tokens) > bound:
+            raise OptionError(f"tokens: {len(request.tokens)} ids; at most {bound} (option max_detokenize_tokens)")
+        text = await self._on_prep(detokenize, lm, request.tokens)
         return backend_pb2.DetokenizeResponse(content=text)
 
+    @answered
     async def Status(self, request, context):
         State = backend_pb2.StatusResponse.State
         if self.engine.trouble() is not None:  # dead, failing or stuck, as Health says
@@ -238,34 +271,27 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         return backend_pb2.StatusResponse(
             state=state, memory=backend_pb2.MemoryUsageData(total=mem.get("active", 0), breakdown=mem))
 
+    @answered
     @gated
     async def ModelMetadata(self, request, context):
-        try:
-            lm = self._loaded()
-        except EngineError as e:
-            await self._fail(context, e.code, str(e))
-        return await asyncio.get_running_loop().run_in_executor(self.prep, model_metadata, lm)
+        return await self._on_prep(model_metadata, self._loaded())
 
     async def _forward(self, context, request, prep, *args):
         """Prepare forward jobs on the prep thread, run them on the engine: (model, results)."""
-        try:
-            lm = self._loaded()
-            self._check_identity(lm, request.ModelIdentity)
-            if lm.kind == "vision":
-                raise OptionError("Embedding, Score and Rerank are not served for a vision model")
-            with self.engine.arriving():  # concurrent embeddings arriving together share one pass
-                jobs = await asyncio.get_running_loop().run_in_executor(self.prep, prep, lm, request, *args)
-            # When the call ends early (deadline, client gone) its jobs leave the engine's queue.
-            context.add_done_callback(
-                lambda _: [setattr(j, "cancelled", True) for j in (jobs if isinstance(jobs, list) else [jobs])])
-            if not isinstance(jobs, list):
-                return lm, await self.engine.forward(jobs)
-            return lm, await asyncio.gather(*(self.engine.forward(j) for j in jobs))
-        except OptionError as e:
-            await self._fail(context, "INVALID_ARGUMENT", str(e))
-        except EngineError as e:
-            await self._fail(context, e.code, str(e))
+        lm = self._loaded()
+        self._check_identity(lm, request.ModelIdentity)
+        if lm.kind == "vision":
+            raise OptionError("Embedding, Score and Rerank are not served for a vision model")
+        with self.engine.arriving():  # concurrent embeddings arriving together share one pass
+            jobs = await self._on_prep(prep, lm, request, *args)
+        # When the call ends early (deadline, client gone) its jobs leave the engine's queue.
+        context.add_done_callback(
+            lambda _: [setattr(j, "cancelled", True) for j in (jobs if isinstance(jobs, list) else [jobs])])
+        if not isinstance(jobs, list):
+            return lm, await self.engine.forward(jobs)
+        return lm, await asyncio.gather(*(self.engine.forward(j) for j in jobs))
 
+    @answered
     @gated
     async def Embedding(self, request, context):
         started = time.perf_counter()
@@ -280,6 +306,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             layout=Layout.EMBEDDING_LAYOUT_PER_TOKEN if lm.embedding.pooling == "none"
             else Layout.EMBEDDING_LAYOUT_FINAL)
 
+    @answered
     @gated
     async def Score(self, request, context):
         started = time.perf_counter()
@@ -290,6 +317,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
                  result.prompt_tokens, result.cached_tokens, (time.perf_counter() - started) * 1000)
         return reply
 
+    @answered
     @gated
     async def Rerank(self, request, context):
         started = time.perf_counter()
@@ -312,6 +340,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             results=[backend_pb2.DocumentResult(index=i, text=documents[i], relevance_score=scores[i])
                      for i in order])
 
+    @answered
     async def GetMetrics(self, request, context):
         m = self.engine.metrics
         return backend_pb2.MetricsResponse(
@@ -321,6 +350,15 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
 
 def _tag(label: str) -> str:
     return f" ({label})" if label else ""
+
+
+def detokenize(lm, tokens) -> str:
+    """Detokenize's ids, range-checked, as text (prep thread)."""
+    vocab = len(lm.tokenizer)
+    bad = [t for t in tokens if not 0 <= t < vocab][:5]
+    if bad:
+        raise OptionError(f"tokens: ids out of range [0, {vocab}): {bad}")
+    return lm.tokenizer.decode(list(tokens))
 
 
 def score_response(lm, result, length_normalize: bool, per_token: bool) -> "backend_pb2.ScoreResponse":
@@ -360,10 +398,12 @@ def model_metadata(lm) -> "backend_pb2.ModelMetadataResponse":
 
         out.media_marker = MEDIA_MARKER
     if getattr(tok, "has_chat_template", False):
+        bound = limits.of(lm)
         try:
-            out.rendered_template = tok.apply_chat_template(
-                [{"role": "user", "content": "Hello"}], add_generation_prompt=True, tokenize=False,
-                enable_thinking=True)
+            with bounded("ModelMetadata", bound.template_seconds, bound.template_output_bytes):
+                out.rendered_template = tok.apply_chat_template(
+                    [{"role": "user", "content": "Hello"}], add_generation_prompt=True, tokenize=False,
+                    enable_thinking=True)
         except Exception as e:  # a template that needs more than one user turn
             log.warning("ModelMetadata: the chat template did not render: %s", e)
     markers = out.tool_format

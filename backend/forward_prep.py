@@ -12,6 +12,8 @@ from common.python_utils import OptionError, option_int
 from engine import EngineError
 from engine.forward import EmbedJob, ScoreJob
 from engine.pair_forward import PairJob
+import limits
+from render_guard import bounded
 
 MAX_CANDIDATES = 256  # per Score call; the Option `max_candidates` changes it
 MAX_DOCUMENTS = 256  # per Rerank call; the Option `max_documents` changes it
@@ -25,6 +27,14 @@ RERANK_INSTRUCT = "Given a web search query, retrieve relevant passages that ans
 def _fits(lm, n: int, what: str) -> None:
     if n > lm.context_size:
         raise EngineError("RESOURCE_EXHAUSTED", f"{what} is {n} tokens; the context holds {lm.context_size}")
+
+
+def check_bytes(lm, field: str, texts: Sequence[str]) -> None:
+    """The request's texts bounded in bytes before any is tokenized (or rendered)."""
+    bound = limits.of(lm).max_prompt_bytes
+    size = sum(len(t.encode("utf-8")) for t in texts)
+    if size > bound:
+        raise OptionError(f"{field}: {size} bytes; at most {bound} (option max_prompt_bytes)")
 
 
 def encode_text(lm, text: str) -> List[int]:
@@ -52,16 +62,17 @@ def embed_job(lm, opts) -> EmbedJob:
     if lm.kind == "reranker":
         raise OptionError("Embedding: the loaded model is a cross-encoder reranker; it serves Rerank only")
     if opts.EmbeddingTokens:
+        _fits(lm, len(opts.EmbeddingTokens), "EmbeddingTokens")  # counted before they are scanned
         vocab = int(lm.config.get("vocab_size") or len(lm.tokenizer))
         bad = [t for t in opts.EmbeddingTokens if not 0 <= t < vocab]
         if bad:
             raise OptionError(f"EmbeddingTokens: ids out of range [0, {vocab}): {bad[:5]}")
-        _fits(lm, len(opts.EmbeddingTokens), "EmbeddingTokens")
         inputs = [list(opts.EmbeddingTokens)]
     else:
         text = opts.Embeddings or opts.Prompt
         if not text:
             raise OptionError("Embeddings: empty (send the text in Embeddings, or EmbeddingTokens)")
+        check_bytes(lm, "Embeddings", [text])
         inputs = embed_inputs(lm, [text], ["Embeddings"])
     spec = lm.embedding
     return EmbedJob(inputs=inputs, pooling=spec.pooling, normalize=spec.normalize,
@@ -103,6 +114,7 @@ def score_job(lm, prompt: str, candidates: Sequence[str], stable_prefix_len: int
     for i, c in enumerate(candidates):
         if not c:
             raise OptionError(f"candidates[{i}]: empty")
+    check_bytes(lm, "prompt and candidates", [prompt, *candidates])
     raw = prompt.encode("utf-8")
     if not 0 <= stable_prefix_len <= len(raw):
         raise OptionError(f"stable_prefix_len: must be within [0, {len(raw)}] (the prompt's bytes), "
@@ -140,10 +152,13 @@ def rerank_prompt(lm, query: str, document: str) -> Tuple[str, int]:
     tok = lm.tokenizer
     if getattr(tok, "has_chat_template", False) or getattr(tok, "chat_template", None):
         messages = [{"role": "system", "content": RERANK_SYSTEM}, {"role": "user", "content": user}]
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        mark = "\x00doc\x00"  # where the document sits in the rendered text
-        probe = tok.apply_chat_template(
-            [messages[0], {"role": "user", "content": head + mark}], add_generation_prompt=True, tokenize=False)
+        bound = limits.of(lm)
+        with bounded("query", bound.template_seconds, bound.template_output_bytes):
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            mark = "\x00doc\x00"  # where the document sits in the rendered text
+            probe = tok.apply_chat_template(
+                [messages[0], {"role": "user", "content": head + mark}], add_generation_prompt=True,
+                tokenize=False)
         before = probe.split(mark, 1)[0] if mark in probe else ""
     else:
         text = f"{RERANK_SYSTEM}\n\n{user}\n\nAnswer: "
@@ -185,6 +200,7 @@ def rerank_jobs(lm, req) -> list:
     yes/no score job per document."""
     documents = list(req.documents)
     check_documents(lm, req.query, documents, req.top_n)
+    check_bytes(lm, "query and documents", [req.query, *documents])
     if lm.kind == "reranker":
         return [pair_job(lm, req.query, documents)]
     if lm.kind == "embedding":

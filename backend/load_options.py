@@ -13,9 +13,10 @@ Pure Python, no MLX.
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional
 
+import limits
 from common.python_utils import OptionError, parse_load_options
 
 log = logging.getLogger("mlx-backend.options")
@@ -151,6 +152,11 @@ TABLE = (
     Option("max_video_frames", integer(2, 1 << 12), None, "frames sampled per video"),
     Option("max_image_pixels", integer(1, 1 << 34), 4096 * 4096, "pixels one image is resized to at most"),
 )
+# The per-request text bounds (limits.py holds their defaults and ranges).
+TABLE += tuple(
+    Option(f.name, (number if f.type in (float, "float") else integer)(*limits.RANGES[f.name]), f.default,
+           "per-request text bound (README: Threat model and bounds)")
+    for f in fields(limits.TextLimits))
 ROWS: Dict[str, Option] = {row.name: row for row in TABLE}
 
 

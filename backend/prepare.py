@@ -17,6 +17,8 @@ from common.python_utils import (OptionError, messages_to_dicts, option_float, o
                                  parse_bool, parse_json_field, parse_tools)
 from engine import EngineError, Request
 from engine.sampling import SamplingParams, injected_fault
+import limits
+from render_guard import bounded
 
 log = logging.getLogger("mlx-backend.prepare")
 
@@ -25,15 +27,37 @@ MAX_TOP_LOGPROBS = 20
 UNSUPPORTED = {"TypicalP": 1.0, "TailFreeSamplingZ": 1.0, "Mirostat": 0, "NegativePrompt": ""}
 _warned = set()
 
+# chat_template_kwargs fill the template's variables; these keys would instead steer the
+# renderer (transformers' apply_chat_template and render_jinja_template, its processor's
+# variant, mlx-vlm's get_chat_template) or replace what we pass it: the template itself,
+# tokenizing, the conversation, the tools. The model's template is the only template.
+RENDERER_KEYS = frozenset({
+    "chat_template", "tokenize", "return_dict", "return_tensors", "return_assistant_tokens_mask",
+    "add_generation_prompt", "continue_final_message", "sanitize_control_tokens", "padding",
+    "truncation", "max_length", "conversation", "conversations", "messages", "tools", "documents",
+    "processor", "load_audio_from_video", "num_images", "num_frames", "fps", "video_fps",
+    "sampling_rate", "do_sample_frames", "video_load_backend",
+})
 
-def template_kwargs(opts, model_options: Dict[str, Any]) -> Dict[str, Any]:
+
+def _renderer_key(key: str) -> bool:
+    return key in RENDERER_KEYS or key.endswith("_kwargs")  # tokenizer_kwargs, processor_kwargs, ...
+
+
+def template_kwargs(opts, model_options: Dict[str, Any], depth: int = limits.TextLimits.max_json_depth
+                    ) -> Dict[str, Any]:
     """Extra chat-template variables: thinking switch, effort, free-form kwargs."""
     meta = dict(opts.Metadata)
     kwargs: Dict[str, Any] = {}
     if "enable_thinking" in model_options:
         kwargs["enable_thinking"] = bool(model_options["enable_thinking"])
     if "chat_template_kwargs" in meta and meta["chat_template_kwargs"].strip():
-        kwargs.update(parse_json_field("Metadata.chat_template_kwargs", meta["chat_template_kwargs"], dict))
+        extra = parse_json_field("Metadata.chat_template_kwargs", meta["chat_template_kwargs"], dict, depth)
+        for key in extra:
+            if _renderer_key(key):
+                raise OptionError(f"Metadata.chat_template_kwargs: key {key!r} is not a template variable "
+                                  "(it would steer the renderer; the model's own template is used)")
+        kwargs.update(extra)
     if "enable_thinking" in meta:
         kwargs["enable_thinking"] = parse_bool("Metadata.enable_thinking", meta["enable_thinking"])
     if meta.get("reasoning_effort"):
@@ -46,22 +70,59 @@ def render_prompt(lm, opts, tools) -> str:
     tok = lm.tokenizer
     if not tok.has_chat_template:
         raise OptionError("Messages: this model has no chat template; send a raw Prompt")
-    messages = messages_to_dicts(opts.Messages, strict=True)
+    bound = limits.of(lm)
+    messages = messages_to_dicts(opts.Messages, strict=True, max_depth=bound.max_json_depth)
+    kwargs = template_kwargs(opts, lm.options, bound.max_json_depth)
     try:
-        return tok.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=False,
-            **template_kwargs(opts, lm.options))
-    except OptionError:
+        with bounded("Messages", bound.template_seconds, bound.template_output_bytes):
+            return tok.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs)
+    except (OptionError, EngineError):
         raise
     except Exception as e:  # jinja errors: the template rejected these messages
         raise OptionError(f"Messages: the chat template failed: {type(e).__name__}: {e}") from None
+
+
+MESSAGE_TEXT = ("role", "content", "name", "tool_call_id", "reasoning_content", "tool_calls")
+
+
+def check_text(opts, bound: limits.TextLimits) -> None:
+    """The request's text against its bounds, before anything is parsed, rendered or tokenized."""
+    if len(opts.Messages) > bound.max_messages:
+        raise OptionError(f"Messages: {len(opts.Messages)} given; at most {bound.max_messages} "
+                          "(option max_messages)")
+    size = len(opts.Prompt.encode("utf-8")) + len(opts.Tools.encode("utf-8"))
+    size += sum(len(k.encode("utf-8")) + len(v.encode("utf-8")) for k, v in opts.Metadata.items())
+    for m in opts.Messages:
+        size += sum(len(getattr(m, f).encode("utf-8")) for f in MESSAGE_TEXT)
+    if size > bound.max_prompt_bytes:
+        raise OptionError(f"Prompt: Prompt, Messages, Tools and Metadata add up to {size} bytes; at most "
+                          f"{bound.max_prompt_bytes} (option max_prompt_bytes)")
+    stops = [s for s in opts.StopPrompts if s]
+    if len(stops) > bound.max_stop_strings:
+        raise OptionError(f"StopPrompts: {len(stops)} given; at most {bound.max_stop_strings} "
+                          "(option max_stop_strings)")
+    total = 0
+    for i, s in enumerate(opts.StopPrompts):
+        n = len(s.encode("utf-8"))
+        if n > bound.max_stop_bytes:
+            raise OptionError(f"StopPrompts[{i}]: {n} bytes; at most {bound.max_stop_bytes} "
+                              "(option max_stop_bytes)")
+        total += n
+    if total > bound.max_stop_total_bytes:
+        raise OptionError(f"StopPrompts: {total} bytes together; at most {bound.max_stop_total_bytes} "
+                          "(option max_stop_total_bytes)")
+
+
+def request_tools(lm, opts):
+    return parse_tools(opts.Tools, limits.of(lm).max_json_depth)
 
 
 def prompt(lm, opts, tools=None) -> Tuple[str, List[int]]:
     """The request's prompt as text and token ids (chat-rendered when Messages are used)."""
     tok = lm.tokenizer
     if opts.Messages and (opts.UseTokenizerTemplate or not opts.Prompt):
-        text = render_prompt(lm, opts, parse_tools(opts.Tools) if tools is None else tools)
+        text = render_prompt(lm, opts, request_tools(lm, opts) if tools is None else tools)
         return text, tok.encode(text, add_special_tokens=False)
     bos = tok.bos_token
     return opts.Prompt, tok.encode(opts.Prompt, add_special_tokens=not (bos and opts.Prompt.startswith(bos)))
@@ -69,8 +130,11 @@ def prompt(lm, opts, tools=None) -> Tuple[str, List[int]]:
 
 def prompt_tokens(lm, opts) -> List[int]:
     """TokenizeString: what the tokenizer makes of the prompt, the empty one included."""
+    check_text(opts, limits.of(lm))
+    if opts.Messages and getattr(lm, "kind", "text") in ("embedding", "reranker"):
+        raise OptionError("Messages: the loaded model is an encoder without a chat template; send a Prompt")
     if getattr(lm, "kind", "text") == "vision":  # image tokens counted as the model will see them
-        return media_prompt(lm, opts, parse_tools(opts.Tools))[1]
+        return media_prompt(lm, opts, request_tools(lm, opts))[1]
     return prompt(lm, opts)[1]
 
 
@@ -79,7 +143,7 @@ def media_prompt(lm, opts, tools):
     if getattr(lm, "kind", "text") == "vision":
         from vision_prepare import vision_prompt
 
-        found = vision_prompt(lm, opts, tools, template_kwargs(opts, lm.options))
+        found = vision_prompt(lm, opts, tools, template_kwargs(opts, lm.options, limits.of(lm).max_json_depth))
         if found is not None:
             return found
     else:
@@ -192,6 +256,8 @@ def _rebuildable(processor, *spec):
 
 
 def build_request(lm, opts) -> Request:
+    bound = limits.of(lm)
+    check_text(opts, bound)
     if opts.Tokens < 0:
         raise OptionError(f"Tokens: must be >= 0 (0 means until the end of the sequence), got {opts.Tokens}")
     for name in ("Logprobs", "TopLogprobs"):
@@ -209,7 +275,7 @@ def build_request(lm, opts) -> Request:
         fault = meta["fault"]
     from engine import grammar
 
-    source = grammar.grammar_source(opts.Grammar, meta)
+    source = grammar.grammar_source(opts.Grammar, meta, bound.max_json_depth)
     if source is not None:
         grammar_fault = _fault_step(meta, "grammar_fault_at_token") if faults and "grammar_fault_at_token" in meta else -1
         extra.append(_rebuildable(grammar.compile_processor(lm, *source, fault_at=grammar_fault),
@@ -219,7 +285,7 @@ def build_request(lm, opts) -> Request:
     n_draft = opts.NDraft or None
     if "speculation" in meta:  # per request: off, or on with the model's settings
         n_draft = n_draft if parse_bool("Metadata.speculation", meta["speculation"]) else 0
-    tools = parse_tools(opts.Tools)
+    tools = request_tools(lm, opts)
     text, tokens, media = media_prompt(lm, opts, tools)
     if not text:  # TokenizeString takes the empty prompt; generating from nothing is refused
         raise OptionError("Prompt: empty (send a Prompt or Messages)")

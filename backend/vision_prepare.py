@@ -17,6 +17,9 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from common.python_utils import OptionError, messages_to_dicts
+from engine import EngineError
+import limits
+from render_guard import bounded
 from media import MEDIA_MARKER, b64_bytes, content_hash, decode_image, keyed_tokens
 
 VIDEO_MARKER = r"\[vid-\d+\]"  # the host's marker for the N-th video of a raw Prompt
@@ -99,12 +102,16 @@ def _chat_prompt(lm, opts, tools, images: int, videos: int, template_kwargs: Dic
     if tools:
         kwargs["tools"] = tools
     try:
-        messages = apply_chat_template(processor, lm.config, messages_to_dicts(opts.Messages, strict=True),
+        messages = apply_chat_template(processor, lm.config,
+                                       messages_to_dicts(opts.Messages, strict=True,
+                                                         max_depth=limits.of(lm).max_json_depth),
                                        add_generation_prompt=True, return_messages=True, num_images=images)
         if videos:
             _add_videos(messages, videos)
-        return get_chat_template(processor, messages, True, **kwargs)
-    except OptionError:
+        bound = limits.of(lm)
+        with bounded("Messages", bound.template_seconds, bound.template_output_bytes):
+            return get_chat_template(processor, messages, True, **kwargs)
+    except (OptionError, EngineError):
         raise
     except Exception as e:  # jinja errors: the template rejected these messages
         raise OptionError(f"Messages: the chat template failed: {type(e).__name__}: {e}") from None

@@ -92,10 +92,38 @@ def option_bool(opts: Dict[str, Any], name: str, default: bool) -> bool:
     return opts[name]
 
 
-def parse_json_field(name: str, text: str, expect: type) -> Any:
-    """A JSON string from a request field, checked for its top-level type."""
+JSON_DEPTH = 64  # nesting a request's JSON may have, unless the caller passes its own bound
+
+
+def json_depth_over(value: Any, limit: int) -> bool:
+    """Whether `value` nests deeper than `limit` (without recursion: walked with a stack)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
+def load_json(name: str, text: str, max_depth: int = JSON_DEPTH) -> Any:
+    """json.loads with a nesting bound: too deep is an OptionError naming the field, never a
+    RecursionError (the C parser gives up past Python's recursion limit)."""
     try:
         value = json.loads(text)
+    except RecursionError:
+        value = None
+    else:
+        if not json_depth_over(value, max_depth):
+            return value
+    raise OptionError(f"{name}: JSON nested deeper than {max_depth} levels (option max_json_depth)")
+
+
+def parse_json_field(name: str, text: str, expect: type, max_depth: int = JSON_DEPTH) -> Any:
+    """A JSON string from a request field, checked for its top-level type and nesting."""
+    try:
+        value = load_json(name, text, max_depth)
     except json.JSONDecodeError as e:
         raise OptionError(f"{name}: not valid JSON ({e.msg} at position {e.pos})") from None
     if not isinstance(value, expect):
@@ -105,7 +133,7 @@ def parse_json_field(name: str, text: str, expect: type) -> Any:
 
 def message_to_dict(index: int, role: str, content: str, name: str = "",
                     tool_call_id: str = "", reasoning_content: str = "",
-                    tool_calls: str = "", strict: bool = True) -> Dict[str, Any]:
+                    tool_calls: str = "", strict: bool = True, max_depth: int = JSON_DEPTH) -> Dict[str, Any]:
     """One chat message as chat templates expect it.
 
     `tool_calls` arrives as a JSON array string (OpenAI shape); templates want
@@ -125,7 +153,7 @@ def message_to_dict(index: int, role: str, content: str, name: str = "",
         msg["reasoning_content"] = reasoning_content
     if tool_calls:
         try:
-            calls = parse_json_field(f"Messages[{index}].tool_calls", tool_calls, list)
+            calls = parse_json_field(f"Messages[{index}].tool_calls", tool_calls, list, max_depth)
         except OptionError:
             if strict:
                 raise
@@ -138,28 +166,32 @@ def message_to_dict(index: int, role: str, content: str, name: str = "",
                 continue
             if isinstance(fn.get("arguments"), str):
                 try:
-                    fn["arguments"] = json.loads(fn["arguments"] or "{}")
+                    fn["arguments"] = load_json(f"Messages[{index}].tool_calls", fn["arguments"] or "{}",
+                                                max_depth)
                 except json.JSONDecodeError:
                     pass  # templates that print arguments verbatim still work
+                except OptionError:  # nested past the bound
+                    if strict:
+                        raise
         msg["tool_calls"] = calls
     return msg
 
 
-def messages_to_dicts(messages, strict: bool = False) -> List[Dict[str, Any]]:
+def messages_to_dicts(messages, strict: bool = False, max_depth: int = JSON_DEPTH) -> List[Dict[str, Any]]:
     """Proto Messages (anything with the Message fields) into template dicts;
     lenient by default (LocalAI's contract), strict for the servicer."""
     return [
         message_to_dict(i, m.role, m.content, m.name, m.tool_call_id,
-                        m.reasoning_content, m.tool_calls, strict=strict)
+                        m.reasoning_content, m.tool_calls, strict=strict, max_depth=max_depth)
         for i, m in enumerate(messages)
     ]
 
 
-def parse_tools(tools: str) -> Optional[List[Dict[str, Any]]]:
+def parse_tools(tools: str, max_depth: int = JSON_DEPTH) -> Optional[List[Dict[str, Any]]]:
     """The request's Tools JSON (an array of OpenAI tool objects) or None."""
     if not tools.strip():
         return None
-    value = parse_json_field("Tools", tools, list)
+    value = parse_json_field("Tools", tools, list, max_depth)
     return value or None
 
 

@@ -177,6 +177,9 @@ def test_bad_load_keeps_the_loaded_model(server, scratch, name, fields, needle):
 
 def fuzz_options():
     floats = st.floats(allow_nan=True, allow_infinity=True, width=32)
+    # JSON nested under the depth bound, just past it, and past Python's recursion limit.
+    deep = st.sampled_from([3, 65, 5000]).flatmap(
+        lambda n: st.sampled_from(["[" * n + "]" * n, '{"a":' * n + "1" + "}" * n]))
     small = st.one_of(st.integers(-3, 3), st.integers(-2**31, 2**31 - 1))
     return st.builds(
         backend_pb2.PredictOptions,
@@ -186,16 +189,18 @@ def fuzz_options():
         PresencePenalty=floats, FrequencyPenalty=floats, TopK=small, Seed=small,
         Logprobs=small, TopLogprobs=small, IgnoreEOS=st.booleans(),
         StopPrompts=st.lists(st.text(max_size=4), max_size=3),
-        LogitBias=st.one_of(st.just(""), st.text(max_size=12),
+        LogitBias=st.one_of(st.just(""), st.text(max_size=12), deep,
                             st.dictionaries(st.integers(-5, 60000).map(str), st.floats(-200, 200), max_size=3)
                             .map(json.dumps)),
         Grammar=st.one_of(st.just(""), st.just('root ::= ("a" | "b")'), st.text(max_size=12)),
         Metadata=st.dictionaries(st.sampled_from(["enable_thinking", "json_schema", "chat_template_kwargs",
-                                                  "reasoning_effort", "x"]), st.text(max_size=10), max_size=2),
-        Tools=st.one_of(st.just(""), st.text(max_size=10)),
+                                                  "reasoning_effort", "response_format", "x"]),
+                                 st.one_of(st.text(max_size=10), deep), max_size=2),
+        Tools=st.one_of(st.just(""), st.text(max_size=10), deep),
         UseTokenizerTemplate=st.booleans(),
         Messages=st.lists(st.builds(backend_pb2.Message, role=st.sampled_from(["user", "assistant", "", "x"]),
-                                    content=st.text(max_size=20)), max_size=2),
+                                    content=st.text(max_size=20),
+                                    tool_calls=st.one_of(st.just(""), st.text(max_size=8), deep)), max_size=2),
     )
 
 

@@ -15,7 +15,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from common.python_utils import OptionError, parse_json_field
+from common.python_utils import JSON_DEPTH, OptionError, parse_json_field
 from engine.sampling import RequestFailure
 
 log = logging.getLogger("mlx-backend.grammar")
@@ -36,7 +36,8 @@ def _ll_tokenizer(lm):
         return lm.derived["llguidance"]
 
 
-def grammar_source(grammar: str, metadata: Dict[str, str]) -> Optional[Tuple[str, str]]:
+def grammar_source(grammar: str, metadata: Dict[str, str],
+                   max_depth: int = JSON_DEPTH) -> Optional[Tuple[str, str]]:
     """(llguidance grammar, the field it came from) for a request, or None."""
     from llguidance import grammar_from
 
@@ -47,10 +48,10 @@ def grammar_source(grammar: str, metadata: Dict[str, str]) -> Optional[Tuple[str
             raise OptionError(f"Grammar: {e}") from None
     schema, field = None, "Metadata.json_schema"
     if metadata.get("json_schema", "").strip():
-        schema = parse_json_field("Metadata.json_schema", metadata["json_schema"], dict)
+        schema = parse_json_field("Metadata.json_schema", metadata["json_schema"], dict, max_depth)
     elif metadata.get("response_format", "").strip():
         field = "Metadata.response_format"
-        fmt = parse_json_field(field, metadata["response_format"], dict)
+        fmt = parse_json_field(field, metadata["response_format"], dict, max_depth)
         kind = fmt.get("type")
         if kind == "json_schema":
             inner = fmt.get("json_schema") or {}
