@@ -58,7 +58,21 @@ def _tokenizer(target: Path):
     return fast
 
 
-def build(target: Path, width: int = 32, layers: int = 2, max_pixels: int = 12544) -> Path:
+VISION = {  # per family: its architecture, processor and vision tower (the text model is the same)
+    "qwen2_vl": ("Qwen2VLForConditionalGeneration", "Qwen2VLProcessor", lambda width, depth: {
+        "model_type": "qwen2_vl", "depth": depth, "embed_dim": width, "num_heads": 2, "mlp_ratio": 2,
+        "hidden_size": width, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+        "in_channels": 3}),
+    "qwen2_5_vl": ("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor", lambda width, depth: {
+        "model_type": "qwen2_5_vl", "depth": depth, "hidden_size": width, "intermediate_size": 2 * width,
+        "out_hidden_size": width, "num_heads": 2, "patch_size": 14, "spatial_patch_size": 14,
+        "spatial_merge_size": 2, "temporal_patch_size": 2, "window_size": 112,
+        "fullatt_block_indexes": [0], "in_channels": 3}),
+}
+
+
+def build(target: Path, width: int = 32, layers: int = 2, max_pixels: int = 12544,
+          family: str = "qwen2_vl") -> Path:
     """The model directory; the defaults make the tests' 0.4 MB model, larger ones the bench's."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
@@ -68,7 +82,7 @@ def build(target: Path, width: int = 32, layers: int = 2, max_pixels: int = 1254
     tok = _tokenizer(target)
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
     config = {
-        "model_type": "qwen2_vl", "architectures": ["Qwen2VLForConditionalGeneration"],
+        "model_type": family, "architectures": [VISION[family][0]],
         "hidden_size": width, "intermediate_size": 2 * width, "num_hidden_layers": layers,
         "num_attention_heads": 2,
         "num_key_value_heads": 1, "vocab_size": len(tok), "tie_word_embeddings": True,
@@ -77,13 +91,11 @@ def build(target: Path, width: int = 32, layers: int = 2, max_pixels: int = 1254
         "image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
         "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"],
         "eos_token_id": ids["<|im_end|>"], "bos_token_id": ids["<|endoftext|>"],
-        "vision_config": {"model_type": "qwen2_vl", "depth": layers // 2, "embed_dim": width, "num_heads": 2,
-                          "mlp_ratio": 2, "hidden_size": width, "patch_size": 14, "spatial_merge_size": 2,
-                          "temporal_patch_size": 2, "in_channels": 3},
+        "vision_config": VISION[family][2](width, layers // 2),
     }
     (target / "config.json").write_text(json.dumps(config, indent=1))
     (target / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2VLProcessor",
+        "image_processor_type": "Qwen2VLImageProcessor", "processor_class": VISION[family][1],
         "min_pixels": 3136, "max_pixels": max_pixels, "patch_size": 14, "temporal_patch_size": 2,
         "merge_size": 2, "image_mean": [0.48145466, 0.4578275, 0.40821073],
         "image_std": [0.26862954, 0.26130258, 0.27577711], "do_resize": True, "do_rescale": True,
@@ -104,12 +116,17 @@ def build(target: Path, width: int = 32, layers: int = 2, max_pixels: int = 1254
 _built = {}
 
 
+def tiny_vision(family: str) -> str:
+    """A tiny model of one of the VISION families, built once per process in a temporary folder."""
+    if family not in _built:
+        root = Path(tempfile.mkdtemp(prefix=f"tiny-{family}-"))
+        _built[family] = str(build(root / f"tiny-{family}", family=family))
+    return _built[family]
+
+
 def tiny_qwen2_vl() -> str:
     """The fixture directory, built once per process in a temporary folder."""
-    if "qwen2_vl" not in _built:
-        root = Path(tempfile.mkdtemp(prefix="tiny-qwen2-vl-"))
-        _built["qwen2_vl"] = str(build(root / "tiny-qwen2-vl"))
-    return _built["qwen2_vl"]
+    return tiny_vision("qwen2_vl")
 
 
 def bench_qwen2_vl() -> str:

@@ -1,0 +1,51 @@
+"""End-to-end: each vision family that mlx-vlm can build tiny gives mlx-vlm's own output.
+
+Tiny random-weight models (vision_fixture.py) of the families below; the oracle
+is mlx-vlm's `stream_generate`, greedy, run in a separate process
+(vision_oracle.py). The server must give its tokens for an image alone and for
+two images requested at once. Families not here and why: README, "Model families".
+"""
+
+import json
+
+import pytest
+
+from common.launcher import chat
+from conftest import run_threads, serving
+from vision_fixture import image_b64, tiny_vision
+from vision_oracle import run
+
+pytestmark = pytest.mark.e2e
+
+FAMILIES = ["qwen2_vl", "qwen2_5_vl"]
+QUESTION = "Describe this."
+N = 10
+
+
+@pytest.fixture(scope="module")
+def backend(log_dir):
+    yield from serving(log_dir / "vision-families.log", tiny_vision(FAMILIES[0]))
+
+
+def ids(reply):
+    return [e["id"] for e in json.loads(reply.logprobs)["content"]]
+
+
+def ask(stub, seed):
+    return stub.Predict(chat(QUESTION, Images=[image_b64(seed)], Logprobs=1, Tokens=N, Temperature=0.0),
+                        timeout=120)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_vision_family_equals_mlx_vlm(backend, family):
+    path = tiny_vision(family)
+    result = backend.load(path)
+    assert result.success, result.message
+    want = run(path, QUESTION, [1, 2], N)
+    assert want[0] != want[1] or not want[0], "the two images should give different text"
+    alone = ids(ask(backend.stub, 1))
+    assert alone[:len(want[0])] == want[0], (family, alone, want[0])
+    both = run_threads([lambda: ask(backend.stub, 1), lambda: ask(backend.stub, 2)])
+    for reply, expect in zip(both, want):
+        assert not isinstance(reply, Exception), (family, reply)
+        assert ids(reply)[:len(expect)] == expect, (family, ids(reply), expect)
