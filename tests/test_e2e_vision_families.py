@@ -3,7 +3,9 @@
 Tiny random-weight models (vision_fixture.py) of the families below; the oracle
 is mlx-vlm's `stream_generate`, greedy, run in a separate process
 (vision_oracle.py). The server must give its tokens for an image alone and for
-two images requested at once. Families not here and why: README, "Model families".
+two images requested at once. LLaVA (mlx-vlm 0.7.10 cannot prepare its images with
+the transformers installed here) must be refused at LoadModel with that reason.
+Families not here and why: README, "Model families".
 """
 
 import json
@@ -49,3 +51,15 @@ def test_vision_family_equals_mlx_vlm(backend, family):
     for reply, expect in zip(both, want):
         assert not isinstance(reply, Exception), (family, reply)
         assert ids(reply)[:len(expect)] == expect, (family, ids(reply), expect)
+
+
+def test_a_llava_model_is_refused_at_load_with_the_reason(backend):
+    # mlx-vlm 0.7.10's LLaVA processor passes text options to transformers' image processor,
+    # which refuses them: mlx-vlm's own generation fails on every image too.
+    result = backend.load(tiny_vision("llava"))
+    assert not result.success
+    assert "llava" in result.message and "processor" in result.message and "padding" in result.message, \
+        result.message
+    # The server keeps serving: a family that works loads and answers next.
+    assert backend.load(tiny_vision("qwen2_vl")).success
+    assert ids(ask(backend.stub, 1))

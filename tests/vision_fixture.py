@@ -40,22 +40,78 @@ CORPUS = [
 ]
 
 
-def _tokenizer(target: Path):
+def _tokenizer(target: Path, specials=SPECIALS, template=CHAT_TEMPLATE):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIALS,
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS * 4, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   additional_special_tokens=SPECIALS[1:])
-    fast.chat_template = CHAT_TEMPLATE
+                                   additional_special_tokens=specials[1:])
+    fast.chat_template = template
     fast.save_pretrained(str(target))
-    (target / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    (target / "chat_template.jinja").write_text(template)
     return fast
+
+
+# Written for these tests: a LLaVA-1.5 style turn, the image as one <image> marker.
+LLAVA_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ message['role'].upper() + ': ' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' or 'image' in part %}{{ '<image>\\n' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+)
+
+
+def build_llava(target: Path, width: int = 32, image_size: int = 56) -> Path:
+    """A tiny LLaVA-1.5 style model (CLIP vision tower, projector, Llama text model)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_vlm.utils import get_model_and_args
+
+    target.mkdir(parents=True, exist_ok=True)
+    specials = ["<|endoftext|>", "<|im_end|>", "<image>"]
+    tok = _tokenizer(target, specials, LLAVA_TEMPLATE)
+    image_id = tok.convert_tokens_to_ids("<image>")
+    text = {"model_type": "llama", "hidden_size": width, "intermediate_size": 2 * width, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": len(tok), "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 4096, "tie_word_embeddings": False}
+    vision = {"model_type": "clip_vision_model", "num_hidden_layers": 2, "hidden_size": width,
+              "intermediate_size": 2 * width, "num_attention_heads": 2, "image_size": image_size,
+              "patch_size": 14, "projection_dim": width}
+    config = {"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"],
+              "text_config": text, "vision_config": vision, "image_token_index": image_id,
+              "vision_feature_select_strategy": "default", "vision_feature_layer": -2,
+              "vocab_size": len(tok), "eos_token_id": tok.convert_tokens_to_ids("<|im_end|>")}
+    (target / "config.json").write_text(json.dumps(config, indent=1))
+    (target / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "CLIPImageProcessor", "processor_class": "LlavaProcessor",
+        "size": {"shortest_edge": image_size}, "crop_size": {"height": image_size, "width": image_size},
+        "do_resize": True, "do_center_crop": True, "do_rescale": True, "do_normalize": True,
+        "do_convert_rgb": True, "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711], "resample": 3}, indent=1))
+    (target / "processor_config.json").write_text(json.dumps({
+        "processor_class": "LlavaProcessor", "patch_size": 14, "image_token": "<image>",
+        "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1}, indent=1))
+    module, _ = get_model_and_args(config)
+    model_config = module.ModelConfig.from_dict(config)
+    model_config.text_config = module.TextConfig.from_dict(text)
+    model_config.vision_config = module.VisionConfig.from_dict(vision)
+    mx.random.seed(0)
+    model = module.Model(model_config)
+    weights = {k: v * 4 if v.ndim >= 2 else v for k, v in tree_flatten(model.parameters())}
+    mx.save_safetensors(str(target / "model.safetensors"), weights)
+    return target
 
 
 VISION = {  # per family: its architecture, processor and vision tower (the text model is the same)
@@ -120,7 +176,8 @@ def tiny_vision(family: str) -> str:
     """A tiny model of one of the VISION families, built once per process in a temporary folder."""
     if family not in _built:
         root = Path(tempfile.mkdtemp(prefix=f"tiny-{family}-"))
-        _built[family] = str(build(root / f"tiny-{family}", family=family))
+        make = build_llava if family == "llava" else lambda t: build(t, family=family)
+        _built[family] = str(make(root / f"tiny-{family}"))
     return _built[family]
 
 
