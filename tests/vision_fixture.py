@@ -169,6 +169,70 @@ def build(target: Path, width: int = 32, layers: int = 2, max_pixels: int = 1254
     return target
 
 
+# Written for these tests: a Gemma 3 turn; the image as its begin-of-image marker.
+GEMMA3_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<start_of_turn>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' or 'image' in part %}{{ '<start_of_image>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<end_of_turn>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
+)
+
+
+def build_gemma3(target: Path, width: int = 32, image_size: int = 56) -> Path:
+    """A tiny Gemma 3 vision model (SigLIP tower, pooled to 4 tokens per image, Gemma 3 text model)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_vlm.utils import get_model_and_args
+
+    target.mkdir(parents=True, exist_ok=True)
+    specials = ["<pad>", "<end_of_turn>", "<start_of_turn>", "<start_of_image>", "<end_of_image>",
+                "<image_soft_token>"]
+    tok = _tokenizer(target, specials, GEMMA3_TEMPLATE)
+    cfg_path = target / "tokenizer_config.json"
+    tok_cfg = json.loads(cfg_path.read_text())
+    tok_cfg["extra_special_tokens"] = {"image_token": "<image_soft_token>", "boi_token": "<start_of_image>",
+                                       "eoi_token": "<end_of_image>"}
+    cfg_path.write_text(json.dumps(tok_cfg, indent=1))
+    ids = {t: tok.convert_tokens_to_ids(t) for t in specials}
+    text = {"model_type": "gemma3_text", "hidden_size": width, "intermediate_size": 2 * width,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+            "query_pre_attn_scalar": 16, "vocab_size": len(tok), "sliding_window": 16,
+            "sliding_window_pattern": 2, "mm_tokens_per_image": 4, "max_position_embeddings": 4096}
+    vision = {"model_type": "siglip_vision_model", "num_hidden_layers": 1, "hidden_size": width,
+              "intermediate_size": 2 * width, "num_attention_heads": 2, "patch_size": 14,
+              "image_size": image_size}
+    config = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+              "text_config": text, "vision_config": vision, "image_token_index": ids["<image_soft_token>"],
+              "mm_tokens_per_image": 4, "boi_token_index": ids["<start_of_image>"],
+              "eoi_token_index": ids["<end_of_image>"], "vocab_size": len(tok), "hidden_size": width,
+              "eos_token_id": [ids["<end_of_turn>"]], "pad_token_id": ids["<pad>"]}
+    (target / "config.json").write_text(json.dumps(config, indent=1))
+    (target / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "Gemma3ImageProcessor", "processor_class": "Gemma3Processor",
+        "size": {"height": image_size, "width": image_size}, "do_resize": True, "do_rescale": True,
+        "do_normalize": True, "do_convert_rgb": True, "do_pan_and_scan": False,
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "resample": 2}, indent=1))
+    (target / "processor_config.json").write_text(json.dumps({
+        "processor_class": "Gemma3Processor", "image_seq_length": 4}, indent=1))
+    module, _ = get_model_and_args(config)
+    model_config = module.ModelConfig.from_dict(config)
+    model_config.text_config = module.TextConfig.from_dict(text)
+    model_config.vision_config = module.VisionConfig.from_dict(vision)
+    mx.random.seed(0)
+    model = module.Model(model_config)
+    # Tied head: the layers (not the embedding) scaled up, or greedy repeats one token.
+    weights = {k: v * 8 if v.ndim >= 2 and "embed_tokens" not in k else v
+               for k, v in tree_flatten(model.parameters())}
+    mx.save_safetensors(str(target / "model.safetensors"), weights)
+    return target
+
+
 _built = {}
 
 
@@ -176,7 +240,7 @@ def tiny_vision(family: str) -> str:
     """A tiny model of one of the VISION families, built once per process in a temporary folder."""
     if family not in _built:
         root = Path(tempfile.mkdtemp(prefix=f"tiny-{family}-"))
-        make = build_llava if family == "llava" else lambda t: build(t, family=family)
+        make = {"llava": build_llava, "gemma3": build_gemma3}.get(family, lambda t: build(t, family=family))
         _built[family] = str(make(root / f"tiny-{family}"))
     return _built[family]
 

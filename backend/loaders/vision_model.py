@@ -162,6 +162,15 @@ def _image_block(processor, tokenizer) -> str:
     return token
 
 
+# Families whose prompts with images mlx-vlm prefills in a way the batch does not reproduce:
+# serving them would give other text than the library, so they are refused at load.
+NOT_EXACT = {
+    "gemma3": "mlx-vlm prefills a Gemma 3 prompt with images under its own 4-D attention mask "
+              "(built from the processor's attention mask), which this server's batched, causal "
+              "prefill does not apply: its text would differ from mlx-vlm's",
+}
+
+
 def _check_processor(parts: "VisionParts") -> Optional[str]:
     """Why this family's processor cannot prepare an image here (None: it can).
 
@@ -170,11 +179,15 @@ def _check_processor(parts: "VisionParts") -> Optional[str]:
     image processor, which transformers 5 refuses) is refused at LoadModel with
     that reason, not on every request."""
     from PIL import Image
+    from mlx_vlm.prompt_utils import apply_chat_template
     from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
 
     try:
+        # A chat turn with one image, as mlx-vlm writes it (Gemma 3 marks images with its
+        # begin-of-image token, not the image token the processor expands).
+        prompt = apply_chat_template(parts.processor, parts.vlm.config, "?", num_images=1)
         prepare_inputs(parts.processor, images=[Image.new("RGB", (64, 64), (128, 128, 128))],
-                       prompts=parts.image_block + " ?",
+                       prompts=prompt,
                        image_token_index=getattr(parts.vlm.config, "image_token_index", None),
                        add_special_tokens=should_add_special_tokens(parts.model_type, parts.processor))
     except Exception as e:
@@ -216,6 +229,9 @@ def load_vision(spec, source: str, started: float):
     if parts.takes_video:
         parts.video_block = _image_block(processor, tokenizer).replace(
             getattr(processor, "image_token", "<image>"), getattr(processor, "video_token", "<video>"))
+    if parts.model_type in NOT_EXACT:
+        raise ModelLoadError(f"{source}: {parts.model_type} vision models are not served here: "
+                             f"{NOT_EXACT[parts.model_type]}")
     broken = _check_processor(parts)
     if broken:
         raise ModelLoadError(f"{source}: {parts.model_type} images cannot be prepared here (mlx-vlm's "
