@@ -1,7 +1,8 @@
 """The library's own greedy generation, run in a process of its own: the oracle.
 
-Reads {"model": dir, "prompts": [text...], "max_tokens": n, "score": [[prompt,
-[candidate...]]...]} as JSON on stdin and writes {"greedy": per prompt,
+Reads a list of jobs {"model": dir, "prompts": [text...], "max_tokens": n,
+"score": [[prompt, [candidate...]]...]} as JSON on stdin and writes, per job,
+{"greedy": per prompt,
 mlx-lm's `stream_generate` result: its text, and `exact`: the text up to the
 first step whose top-2 log-probability margin is under MARGIN (past it, any
 float reordering may pick the other token, so a comparison ends there);
@@ -48,19 +49,34 @@ def score(model, tokenizer, prompt: str, candidate: str) -> float:
     return sum(logprobs[i - 1, full[i]].item() for i in range(start, len(full)))
 
 
-def run_all(model: str, prompts, max_tokens: int, scores=()) -> dict:
-    """The oracle's answers, computed in a separate Python process."""
-    import subprocess
+class Oracle:
+    """One oracle process answering several jobs (models), started now, read on demand: it
+    computes while the caller does other work (starts the server, builds models)."""
 
-    job = json.dumps({"model": model, "prompts": list(prompts), "max_tokens": max_tokens, "score": list(scores)})
-    out = subprocess.run([sys.executable, __file__], input=job, capture_output=True, text=True, timeout=600)
-    if out.returncode:
-        raise RuntimeError(f"the oracle failed: {out.stderr[-2000:]}")
-    return json.loads(out.stdout)
+    def __init__(self, jobs):
+        import subprocess
+
+        self.proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        self.jobs = list(jobs)
+        self.answers = None
+
+    def result(self, timeout: float = 600) -> list:
+        if self.answers is None:
+            out, err = self.proc.communicate(json.dumps(self.jobs), timeout=timeout)
+            if self.proc.returncode:
+                raise RuntimeError(f"the oracle failed: {err[-2000:]}")
+            self.answers = json.loads(out)
+        return self.answers
+
+
+def job(model: str, prompts, max_tokens: int, scores=()) -> dict:
+    return {"model": model, "prompts": list(prompts), "max_tokens": max_tokens, "score": list(scores)}
 
 
 def run(model: str, prompts, max_tokens: int) -> list:
-    return run_all(model, prompts, max_tokens)["greedy"]
+    """The greedy answers for one model, computed in a separate Python process."""
+    return Oracle([job(model, prompts, max_tokens)]).result()[0]["greedy"]
 
 
 def agrees(text: str, answer: dict) -> bool:
@@ -70,14 +86,16 @@ def agrees(text: str, answer: dict) -> bool:
     return text.startswith(answer["exact"].rstrip("\ufffd"))
 
 
-def main() -> None:
+def answer(spec: dict) -> dict:
     from mlx_lm import load
 
-    job = json.load(sys.stdin)
-    model, tokenizer = load(job["model"])
-    json.dump({"greedy": [greedy(model, tokenizer, p, job["max_tokens"]) for p in job["prompts"]],
-               "score": [[score(model, tokenizer, p, c) for c in cands] for p, cands in job.get("score", [])]},
-              sys.stdout)
+    model, tokenizer = load(spec["model"])
+    return {"greedy": [greedy(model, tokenizer, p, spec["max_tokens"]) for p in spec["prompts"]],
+            "score": [[score(model, tokenizer, p, c) for c in cands] for p, cands in spec["score"]]}
+
+
+def main() -> None:
+    json.dump([answer(spec) for spec in json.load(sys.stdin)], sys.stdout)
 
 
 if __name__ == "__main__":

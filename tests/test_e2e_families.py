@@ -14,9 +14,9 @@ import re
 import pytest
 
 from common.launcher import backend_pb2
-from conftest import run_threads, serving
+from conftest import completion_line, run_threads, serving
 from family_models import FAMILIES, build
-from family_oracle import agrees, run_all
+from family_oracle import Oracle, agrees, job
 
 pytestmark = pytest.mark.e2e
 
@@ -32,15 +32,20 @@ PREFIX_REUSE = {"llama", "qwen2", "qwen3", "phi3", "qwen3_moe"}
 
 
 @pytest.fixture(scope="module")
-def backend(log_dir):
+def oracle():
+    """Every family's answers from one library process, computing while the server starts."""
+    answers = Oracle([job(build(f), [A, B, C, A_MORE], TOKENS, [SCORE]) for f in FAMILIES])
+    yield lambda family: answers.result()[FAMILIES.index(family)]
+    answers.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def backend(log_dir, oracle):
     yield from serving(log_dir / "families.log", build(FAMILIES[0]))
 
 
 def cached_tokens(log_path, label: str) -> int:
-    for line in open(log_path, encoding="utf-8", errors="replace"):
-        if f"({label})" in line and "completion" in line:
-            return int(re.search(r"\((\d+) cached\)", line).group(1))
-    raise AssertionError(f"no log line for {label}")
+    return int(re.search(r"\((\d+) cached\)", completion_line(log_path, label)).group(1))
 
 
 def opts(prompt: str, label: str, spec: bool = True):
@@ -50,12 +55,12 @@ def opts(prompt: str, label: str, spec: bool = True):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_family_serves_the_library_output(backend, log_dir, family):
+def test_family_serves_the_library_output(backend, oracle, log_dir, family):
     path = build(family)
     result = backend.load(path)
     assert result.success, result.message
-    oracle = run_all(path, [A, B, C, A_MORE], TOKENS, [SCORE])
-    want = dict(zip("ABCX", oracle["greedy"]))
+    answer = oracle(family)
+    want = dict(zip("ABCX", answer["greedy"]))
     stub = backend.stub
 
     def text(reply):
@@ -80,5 +85,5 @@ def test_family_serves_the_library_output(backend, log_dir, family):
     assert (reused > 0) == (family in PREFIX_REUSE), (family, "cached tokens", reused)
 
     scored = stub.Score(backend_pb2.ScoreRequest(prompt=SCORE[0], candidates=SCORE[1]), timeout=120)
-    for got, expect in zip(scored.candidates, oracle["score"][0]):
+    for got, expect in zip(scored.candidates, answer["score"][0]):
         assert got.log_prob == pytest.approx(expect, rel=1e-4, abs=1e-3), (family, "score", got.log_prob, expect)

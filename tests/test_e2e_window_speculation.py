@@ -14,7 +14,7 @@ import re
 import pytest
 
 from common.launcher import backend_pb2
-from conftest import serving
+from conftest import completion_line, serving
 from family_models import build
 from family_oracle import agrees, run
 
@@ -34,11 +34,8 @@ def backend(log_dir):
 
 
 def proposed(log_path, label: str) -> int:
-    for line in open(log_path, encoding="utf-8", errors="replace"):
-        if f"({label})" in line and "completion" in line:
-            m = re.search(r"drafts accepted (\d+)/(\d+)", line)
-            return int(m.group(2)) if m else 0
-    raise AssertionError(f"no log line for {label}")
+    m = re.search(r"drafts accepted (\d+)/(\d+)", completion_line(log_path, label))
+    return int(m.group(2)) if m else 0
 
 
 @pytest.mark.parametrize("family", FAMILIES)

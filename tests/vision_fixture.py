@@ -58,27 +58,44 @@ def _tokenizer(target: Path, specials=SPECIALS, template=CHAT_TEMPLATE):
     return fast
 
 
-# Written for these tests: a LLaVA-1.5 style turn, the image as one <image> marker.
-LLAVA_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ message['role'].upper() + ': ' }}"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' or 'image' in part %}{{ '<image>\\n' }}"
-    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}"
-    "{{ '<|im_end|>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
-)
+def _turn_template(turn: str, image: str, end: str, answer: str) -> str:
+    """A chat template written for these tests: each turn `turn` (the role in it), images as
+    `image`, then `end`; the generation prompt `answer`."""
+    return ("{% for message in messages %}" + turn +
+            "{% if message['content'] is string %}{{ message['content'] }}"
+            "{% else %}{% for part in message['content'] %}"
+            "{% if part['type'] == 'image' or 'image' in part %}{{ '" + image + "' }}"
+            "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+            "{% endfor %}{% endif %}"
+            "{{ '" + end + "' }}{% endfor %}"
+            "{% if add_generation_prompt %}{{ '" + answer + "' }}{% endif %}")
 
 
-def build_llava(target: Path, width: int = 32, image_size: int = 56) -> Path:
-    """A tiny LLaVA-1.5 style model (CLIP vision tower, projector, Llama text model)."""
+# A LLaVA-1.5 style turn, the image as one <image> marker.
+LLAVA_TEMPLATE = _turn_template("{{ message['role'].upper() + ': ' }}", "<image>\\n", "<|im_end|>\\n",
+                                "ASSISTANT:")
+
+
+def _save_random(target: Path, config: dict, text: dict, vision: dict, scale) -> Path:
+    """mlx-vlm's own model class for `config`, seeded random weights scaled by `scale(name, w)`."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_vlm.utils import get_model_and_args
 
+    (target / "config.json").write_text(json.dumps(config, indent=1))
+    module, _ = get_model_and_args(config)
+    model_config = module.ModelConfig.from_dict(config)
+    model_config.text_config = module.TextConfig.from_dict(text)
+    model_config.vision_config = module.VisionConfig.from_dict(vision)
+    mx.random.seed(0)
+    model = module.Model(model_config)
+    weights = {k: v * scale(k, v) for k, v in tree_flatten(model.parameters())}
+    mx.save_safetensors(str(target / "model.safetensors"), weights)
+    return target
+
+
+def build_llava(target: Path, width: int = 32, image_size: int = 56) -> Path:
+    """A tiny LLaVA-1.5 style model (CLIP vision tower, projector, Llama text model)."""
     target.mkdir(parents=True, exist_ok=True)
     specials = ["<|endoftext|>", "<|im_end|>", "<image>"]
     tok = _tokenizer(target, specials, LLAVA_TEMPLATE)
@@ -93,7 +110,6 @@ def build_llava(target: Path, width: int = 32, image_size: int = 56) -> Path:
               "text_config": text, "vision_config": vision, "image_token_index": image_id,
               "vision_feature_select_strategy": "default", "vision_feature_layer": -2,
               "vocab_size": len(tok), "eos_token_id": tok.convert_tokens_to_ids("<|im_end|>")}
-    (target / "config.json").write_text(json.dumps(config, indent=1))
     (target / "preprocessor_config.json").write_text(json.dumps({
         "image_processor_type": "CLIPImageProcessor", "processor_class": "LlavaProcessor",
         "size": {"shortest_edge": image_size}, "crop_size": {"height": image_size, "width": image_size},
@@ -103,15 +119,7 @@ def build_llava(target: Path, width: int = 32, image_size: int = 56) -> Path:
     (target / "processor_config.json").write_text(json.dumps({
         "processor_class": "LlavaProcessor", "patch_size": 14, "image_token": "<image>",
         "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1}, indent=1))
-    module, _ = get_model_and_args(config)
-    model_config = module.ModelConfig.from_dict(config)
-    model_config.text_config = module.TextConfig.from_dict(text)
-    model_config.vision_config = module.VisionConfig.from_dict(vision)
-    mx.random.seed(0)
-    model = module.Model(model_config)
-    weights = {k: v * 4 if v.ndim >= 2 else v for k, v in tree_flatten(model.parameters())}
-    mx.save_safetensors(str(target / "model.safetensors"), weights)
-    return target
+    return _save_random(target, config, text, vision, lambda name, w: 4 if w.ndim >= 2 else 1)
 
 
 VISION = {  # per family: its architecture, processor and vision tower (the text model is the same)
@@ -130,10 +138,6 @@ VISION = {  # per family: its architecture, processor and vision tower (the text
 def build(target: Path, width: int = 32, layers: int = 2, max_pixels: int = 12544,
           family: str = "qwen2_vl") -> Path:
     """The model directory; the defaults make the tests' 0.4 MB model, larger ones the bench's."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_vlm.utils import get_model_and_args
-
     target.mkdir(parents=True, exist_ok=True)
     tok = _tokenizer(target)
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIALS}
@@ -149,47 +153,24 @@ def build(target: Path, width: int = 32, layers: int = 2, max_pixels: int = 1254
         "eos_token_id": ids["<|im_end|>"], "bos_token_id": ids["<|endoftext|>"],
         "vision_config": VISION[family][2](width, layers // 2),
     }
-    (target / "config.json").write_text(json.dumps(config, indent=1))
     (target / "preprocessor_config.json").write_text(json.dumps({
         "image_processor_type": "Qwen2VLImageProcessor", "processor_class": VISION[family][1],
         "min_pixels": 3136, "max_pixels": max_pixels, "patch_size": 14, "temporal_patch_size": 2,
         "merge_size": 2, "image_mean": [0.48145466, 0.4578275, 0.40821073],
         "image_std": [0.26862954, 0.26130258, 0.27577711], "do_resize": True, "do_rescale": True,
         "do_normalize": True, "do_convert_rgb": True}, indent=1))
-    module, _ = get_model_and_args(config)
-    model_config = module.ModelConfig.from_dict(config)
-    model_config.text_config = module.TextConfig.from_dict(config)
-    model_config.vision_config = module.VisionConfig.from_dict(config["vision_config"])
-    mx.random.seed(0)
-    model = module.Model(model_config)
     # At the default init scale every image gives the same constant output; 4x the
     # matrices makes the greedy text depend on the image and on the prompt.
-    weights = {k: v * 4 if v.ndim >= 2 else v for k, v in tree_flatten(model.parameters())}
-    mx.save_safetensors(str(target / "model.safetensors"), weights)
-    return target
+    return _save_random(target, config, config, config["vision_config"], lambda name, w: 4 if w.ndim >= 2 else 1)
 
 
-# Written for these tests: a Gemma 3 turn; the image as its begin-of-image marker.
-GEMMA3_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<start_of_turn>' + message['role'] + '\\n' }}"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' or 'image' in part %}{{ '<start_of_image>' }}"
-    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}"
-    "{{ '<end_of_turn>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
-)
+# A Gemma 3 turn; the image as its begin-of-image marker.
+GEMMA3_TEMPLATE = _turn_template("{{ '<start_of_turn>' + message['role'] + '\\n' }}", "<start_of_image>",
+                                 "<end_of_turn>\\n", "<start_of_turn>model\\n")
 
 
 def build_gemma3(target: Path, width: int = 32, image_size: int = 56) -> Path:
     """A tiny Gemma 3 vision model (SigLIP tower, pooled to 4 tokens per image, Gemma 3 text model)."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-    from mlx_vlm.utils import get_model_and_args
-
     target.mkdir(parents=True, exist_ok=True)
     specials = ["<pad>", "<end_of_turn>", "<start_of_turn>", "<start_of_image>", "<end_of_image>",
                 "<image_soft_token>"]
@@ -212,7 +193,6 @@ def build_gemma3(target: Path, width: int = 32, image_size: int = 56) -> Path:
               "mm_tokens_per_image": 4, "boi_token_index": ids["<start_of_image>"],
               "eoi_token_index": ids["<end_of_image>"], "vocab_size": len(tok), "hidden_size": width,
               "eos_token_id": [ids["<end_of_turn>"]], "pad_token_id": ids["<pad>"]}
-    (target / "config.json").write_text(json.dumps(config, indent=1))
     (target / "preprocessor_config.json").write_text(json.dumps({
         "image_processor_type": "Gemma3ImageProcessor", "processor_class": "Gemma3Processor",
         "size": {"height": image_size, "width": image_size}, "do_resize": True, "do_rescale": True,
@@ -220,17 +200,9 @@ def build_gemma3(target: Path, width: int = 32, image_size: int = 56) -> Path:
         "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "resample": 2}, indent=1))
     (target / "processor_config.json").write_text(json.dumps({
         "processor_class": "Gemma3Processor", "image_seq_length": 4}, indent=1))
-    module, _ = get_model_and_args(config)
-    model_config = module.ModelConfig.from_dict(config)
-    model_config.text_config = module.TextConfig.from_dict(text)
-    model_config.vision_config = module.VisionConfig.from_dict(vision)
-    mx.random.seed(0)
-    model = module.Model(model_config)
     # Tied head: the layers (not the embedding) scaled up, or greedy repeats one token.
-    weights = {k: v * 8 if v.ndim >= 2 and "embed_tokens" not in k else v
-               for k, v in tree_flatten(model.parameters())}
-    mx.save_safetensors(str(target / "model.safetensors"), weights)
-    return target
+    return _save_random(target, config, text, vision,
+                        lambda name, w: 8 if w.ndim >= 2 and "embed_tokens" not in name else 1)
 
 
 _built = {}
