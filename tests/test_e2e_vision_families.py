@@ -6,8 +6,7 @@ is mlx-vlm's `stream_generate`, greedy, run in a separate process
 two images requested at once. LLaVA (mlx-vlm 0.7.10 cannot prepare its images with
 the transformers installed here) and Gemma 3 (mlx-vlm prefills its image
 prompts under a mask the batch does not reproduce) must be refused at
-LoadModel with the reason.
-Families not here and why: README, "Model families".
+LoadModel with the reason. What each family supports: README, "Model families".
 """
 
 import json
@@ -21,7 +20,7 @@ from vision_oracle import run
 
 pytestmark = pytest.mark.e2e
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl"]
+FAMILIES = ["qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm"]
 QUESTION = "Describe this."
 N = 10
 

@@ -205,6 +205,39 @@ def build_gemma3(target: Path, width: int = 32, image_size: int = 56) -> Path:
                         lambda name, w: 8 if w.ndim >= 2 and "embed_tokens" not in name else 1)
 
 
+# An Idefics3 turn; the image as its <image> marker (the processor expands it).
+IDEFICS3_TEMPLATE = _turn_template("{{ message['role'].capitalize() + ':' }}", "<image>",
+                                   "<end_of_utterance>\\n", "Assistant:")
+
+
+def build_idefics3(target: Path, width: int = 32, image_size: int = 56, family: str = "idefics3") -> Path:
+    """A tiny Idefics3 or SmolVLM (`family`) model: SigLIP tower, pixel shuffle, Llama text model."""
+    names = {"idefics3": ("Idefics3ForConditionalGeneration", "Idefics3ImageProcessor", "Idefics3Processor"),
+             "smolvlm": ("SmolVLMForConditionalGeneration", "SmolVLMImageProcessor", "SmolVLMProcessor")}[family]
+    target.mkdir(parents=True, exist_ok=True)
+    specials = ["<|endoftext|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>", "<global-img>"]
+    tok = _tokenizer(target, specials, IDEFICS3_TEMPLATE)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in specials}
+    text = {"model_type": "llama", "hidden_size": width, "intermediate_size": 2 * width, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": len(tok), "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 4096, "tie_word_embeddings": False}
+    vision = {"model_type": "idefics3_vision", "num_hidden_layers": 1, "hidden_size": width,
+              "intermediate_size": 2 * width, "num_attention_heads": 2, "patch_size": 14,
+              "image_size": image_size}
+    config = {"model_type": family, "architectures": [names[0]],
+              "text_config": text, "vision_config": vision, "image_token_id": ids["<image>"], "scale_factor": 2,
+              "vocab_size": len(tok), "eos_token_id": [ids["<end_of_utterance>"]]}
+    (target / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": names[1], "processor_class": names[2],
+        "do_resize": True, "size": {"longest_edge": image_size}, "do_image_splitting": False,
+        "max_image_size": {"longest_edge": image_size}, "do_rescale": True, "do_normalize": True,
+        "do_convert_rgb": True, "do_pad": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+        "resample": 1}, indent=1))
+    (target / "processor_config.json").write_text(json.dumps({
+        "processor_class": names[2], "image_seq_len": (image_size // 14) ** 2 // 4}, indent=1))
+    return _save_random(target, config, text, vision, lambda name, w: 4 if w.ndim >= 2 else 1)
+
+
 _built = {}
 
 
@@ -212,7 +245,9 @@ def tiny_vision(family: str) -> str:
     """A tiny model of one of the VISION families, built once per process in a temporary folder."""
     if family not in _built:
         root = Path(tempfile.mkdtemp(prefix=f"tiny-{family}-"))
-        make = {"llava": build_llava, "gemma3": build_gemma3}.get(family, lambda t: build(t, family=family))
+        make = {"llava": build_llava, "gemma3": build_gemma3, "idefics3": build_idefics3,
+                "smolvlm": lambda t: build_idefics3(t, family="smolvlm")}.get(
+            family, lambda t: build(t, family=family))
         _built[family] = str(make(root / f"tiny-{family}"))
     return _built[family]
 
