@@ -38,6 +38,15 @@ def serving(log_path, model="", env=None, **load_fields):
         backend.stop()
 
 
+def completion_line(log_path, label: str) -> str:
+    """The server log's completion line of the request labelled `label` (its CorrelationId)."""
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if f"({label})" in line and "completion" in line:
+                return line
+    raise AssertionError(f"no log line for {label}")
+
+
 def run_threads(fns):
     """Call each function on its own thread; their results, or the RpcError each raised."""
     results = [None] * len(fns)

@@ -733,7 +733,9 @@ class Engine:
         # A vision request's cache carries its image positions, and with a KV cache type a
         # verification pass (its chunk attends in float) would not be bit-exact: both stay in the batch.
         plain = self.model.kind == "text" and slot.request.media is None and self.model.kv is None
-        n_draft = speculate.draft_length(settings, slot.request) if plain and speculate.trimmable(self.model) else 0
+        n_draft = speculate.draft_length(settings, slot.request) if plain else 0
+        if n_draft > 0 and not speculate.can_start(self._text.live_cache(slot.uid)):
+            n_draft = 0  # its own cache cannot take drafts back (a recurrent state, a full window)
         if n_draft <= 0:
             slot.spec = speculate.Track.never()  # decided once for this request
             return False

@@ -27,9 +27,10 @@ from typing import Any, Callable, List, Optional
 
 import mlx.core as mx
 from mlx_lm.generate import StopSequences
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import CacheList, make_prompt_cache, trim_prompt_cache
 
 from engine.ngram import NgramIndex
+from engine.rewind import can_rewind, draft_room
 from engine.sampling import make_processors, make_sampler
 from engine.spec_config import Settings, settings_of  # noqa: F401 (the engine reads settings here)
 
@@ -80,11 +81,11 @@ def draft_length(settings: Settings, request) -> int:
     return n
 
 
-def trimmable(lm) -> bool:
-    """Whether the model's KV cache can drop rejected tokens (sliding windows cannot)."""
-    if "trimmable" not in lm.derived:
-        lm.derived["trimmable"] = can_trim_prompt_cache(make_prompt_cache(lm.model))
-    return lm.derived["trimmable"]
+def can_start(cache) -> bool:
+    """Whether a request whose live cache is `cache` can speculate at all now: one
+    draft in a pass must be removable. When it cannot, it never will (offsets only
+    grow): a recurrent state, or a window that is full or about to be."""
+    return cache is not None and can_rewind(cache, 1, grow=2)
 
 
 def verify(logprobs: mx.array, drafts: List[int], sampler: Optional[Callable]) -> List[int]:
@@ -109,15 +110,29 @@ def verify(logprobs: mx.array, drafts: List[int], sampler: Optional[Callable]) -
 
 
 def _offset(cache) -> int:
-    return cache[0].offset
+    c = cache[0]
+    while isinstance(c, CacheList):
+        c = c.caches[0]
+    return c.offset
+
+
+def _rewind(cache, n: int) -> None:
+    """Drop the newest `n` tokens; callers checked `can_rewind`, so a shortfall is a bug
+    (trim_prompt_cache trims nothing, silently, when a layer refuses)."""
+    if n and trim_prompt_cache(cache, n) != n:
+        raise RuntimeError(f"the KV cache refused to drop {n} tokens")
 
 
 def _sync(model, cache, tokens: List[int], chunk: int = 512) -> None:
     """Make `cache` hold exactly `tokens` (a prefix of them already there)."""
     have = _offset(cache)
     if have > len(tokens):
-        trim_prompt_cache(cache, have - len(tokens))
-        have = len(tokens)
+        if can_rewind(cache, have - len(tokens)):
+            _rewind(cache, have - len(tokens))
+            have = len(tokens)
+        else:  # a draft model's wrapped window: recomputed from the start
+            cache[:] = make_prompt_cache(model)
+            have = 0
     while have < len(tokens):
         part = tokens[have:have + chunk]
         model(mx.array([part]), cache=cache)
@@ -164,7 +179,14 @@ class Solo:
     # ---- proposing ------------------------------------------------------------
 
     def _length(self) -> int:
-        return max(0, min(self.k, self.remaining - 1))
+        """Drafts for this pass: as many as the live cache can take back (a window must
+        not wrap while rejected drafts are in it). None fit: back to the batch for good."""
+        want = max(0, min(self.k, self.remaining - 1))
+        room = draft_room(self.cache, want)
+        if want and not room and self.remaining > 1:
+            self.wants_batch = True
+            self.track.resume_at = Track.never().resume_at
+        return room
 
     def _propose(self, k: int) -> List[int]:
         if k <= 0:
@@ -210,7 +232,7 @@ class Solo:
         self.passes += 1
         accepted = len(tokens) - 1
         # The cache holds context + drafts: keep context + the accepted ones.
-        trim_prompt_cache(self.cache, k - accepted)
+        _rewind(self.cache, k - accepted)
         if self.draft is not None and k:
             # The draft cache holds context[:-1] + [last] + drafts[:-1].
             keep = min(accepted, k - 1)
@@ -231,10 +253,13 @@ class Solo:
     # ---- leaving ------------------------------------------------------------------
 
     def release(self):
-        """(KV cache, the tokens it holds): what the engine keeps in the prefix cache."""
+        """(KV cache, the tokens it holds): what the engine keeps in the prefix cache;
+        (None, None) when the cache cannot be brought back to the emitted tokens."""
         held = _offset(self.cache)
         if held > len(self.context):
-            trim_prompt_cache(self.cache, held - len(self.context))
+            if not can_rewind(self.cache, held - len(self.context)):
+                return None, None
+            _rewind(self.cache, held - len(self.context))
             held = len(self.context)
         log.debug("request %d: %d speculative passes so far", self.slot.request.id, self.passes)
         return self.cache, self.context[:held]
@@ -244,9 +269,11 @@ class Solo:
         from engine.text_batch import _argmax, guarded
 
         cache, held = self.release()
+        if cache is None:
+            raise RuntimeError("the KV cache cannot rejoin the batch")
         pending = self.context[len(held):]
         if not pending:  # the last token is in the cache: recompute it for its logits
-            trim_prompt_cache(cache, 1)
+            _rewind(cache, 1)
             held, pending = held[:-1], held[-1:]
         sampler = guarded(self.sampler, _argmax, on_error) if self.sampler else None
         (uid,) = gen.insert([pending], max_tokens=[self.remaining], caches=[cache], all_tokens=[held],

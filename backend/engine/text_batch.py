@@ -141,6 +141,11 @@ class TextBatch:
         _, responses = self.gen.next()
         return responses
 
+    def live_cache(self, uid: int) -> Optional[List[Any]]:
+        """A running request's per-layer KV cache as it is now (views, left in the batch),
+        for questions about its state; None when it is not in the batch."""
+        return self.gen.extract_cache([uid]).get(uid, (None, None))[0]
+
     def remove(self, uids: List[int], keep_cache: bool = False) -> Dict[int, Tuple[Any, List[int]]]:
         """Take requests out of the batch; with keep_cache, {uid: (KV cache, its tokens)}."""
         return self.gen.remove(uids, return_prompt_caches=keep_cache)

@@ -162,6 +162,39 @@ def _image_block(processor, tokenizer) -> str:
     return token
 
 
+# Families whose prompts with images mlx-vlm prefills in a way the batch does not reproduce:
+# serving them would give other text than the library, so they are refused at load.
+NOT_EXACT = {
+    "gemma3": "mlx-vlm prefills a Gemma 3 prompt with images under its own 4-D attention mask "
+              "(built from the processor's attention mask), which this server's batched, causal "
+              "prefill does not apply: its text would differ from mlx-vlm's",
+}
+
+
+def _check_processor(parts: "VisionParts") -> Optional[str]:
+    """Why this family's processor cannot prepare an image here (None: it can).
+
+    Run once at load, the way a request runs it: a family whose processor fails
+    on every image (mlx-vlm 0.7.10's LLaVA processor hands text options to the
+    image processor, which transformers 5 refuses) is refused at LoadModel with
+    that reason, not on every request."""
+    from PIL import Image
+    from mlx_vlm.prompt_utils import apply_chat_template
+    from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
+
+    try:
+        # A chat turn with one image, as mlx-vlm writes it (Gemma 3 marks images with its
+        # begin-of-image token, not the image token the processor expands).
+        prompt = apply_chat_template(parts.processor, parts.vlm.config, "?", num_images=1)
+        prepare_inputs(parts.processor, images=[Image.new("RGB", (64, 64), (128, 128, 128))],
+                       prompts=prompt,
+                       image_token_index=getattr(parts.vlm.config, "image_token_index", None),
+                       add_special_tokens=should_add_special_tokens(parts.model_type, parts.processor))
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 def load_vision(spec, source: str, started: float):
     """LoadedModel of kind "vision" from a directory whose config.json has a vision_config."""
     import mlx.core as mx
@@ -196,6 +229,13 @@ def load_vision(spec, source: str, started: float):
     if parts.takes_video:
         parts.video_block = _image_block(processor, tokenizer).replace(
             getattr(processor, "image_token", "<image>"), getattr(processor, "video_token", "<video>"))
+    if parts.model_type in NOT_EXACT:
+        raise ModelLoadError(f"{source}: {parts.model_type} vision models are not served here: "
+                             f"{NOT_EXACT[parts.model_type]}")
+    broken = _check_processor(parts)
+    if broken:
+        raise ModelLoadError(f"{source}: {parts.model_type} images cannot be prepared here (mlx-vlm's "
+                             f"processor for this family fails on a test image: {broken})")
     ctx = spec.context_size or int(config.get("max_position_embeddings")
                                    or config.get("text_config", {}).get("max_position_embeddings") or 4096)
     mx.clear_cache()
