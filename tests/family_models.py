@@ -14,6 +14,8 @@ import os
 import shutil
 from pathlib import Path
 
+from models import building
+
 BUILD_VERSION = 1  # bump when the weights recipe below changes
 WINDOW = 16  # sliding window of the windowed families
 _COMMON = dict(hidden_size=32, num_hidden_layers=2, intermediate_size=64, num_attention_heads=4,
@@ -78,32 +80,31 @@ def build(family: str, root: Path = None) -> str:
     # The name carries the recipe: a changed config or scaling is a new directory.
     recipe = json.dumps([cfg, sorted(TIED), BUILD_VERSION], sort_keys=True)
     target = root / f"{family}-{hashlib.sha256(recipe.encode()).hexdigest()[:10]}"
-    if (target / "model.safetensors").exists():
-        return str(target)
-    model_class, args_class = _get_classes(cfg)
-    mx.random.seed(sum(map(ord, family)))
-    model = model_class(args_class.from_dict(cfg))
-    weights = dict(tree_flatten(model.parameters()))
-    # SmolLM2's <|endoftext|>, <|im_start|>, <|im_end|> (ids 0-2) far from everything in the output
-    # head (and, tied, as inputs, which the tests never send): greedy never picks them.
-    damp = (mx.arange(vocab) >= 3).astype(mx.float32)[:, None] * 0.99 + 0.01
-    for name, w in weights.items():
-        if w.ndim == 2 and w.shape[0] == vocab and ("lm_head" in name or "embed" in name):
-            weights[name] = w * damp
-        elif family in TIED and w.ndim >= 2:
-            # Tied output head: with the default small layers each token's own embedding
-            # dominates and greedy repeats the input; stronger layers make it move.
-            weights[name] = w * 4
-    tmp = target.with_name(target.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    mx.save_safetensors(str(tmp / "model.safetensors"), {k: v.astype(mx.float32) for k, v in weights.items()})
-    (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
-        if (src / name).exists():
-            shutil.copyfile(src / name, tmp / name)
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
+    with building(target) as tmp:
+        if not (target / "model.safetensors").exists():
+            model_class, args_class = _get_classes(cfg)
+            mx.random.seed(sum(map(ord, family)))
+            model = model_class(args_class.from_dict(cfg))
+            weights = dict(tree_flatten(model.parameters()))
+            # SmolLM2's <|endoftext|>, <|im_start|>, <|im_end|> (ids 0-2) far from everything in the output
+            # head (and, tied, as inputs, which the tests never send): greedy never picks them.
+            damp = (mx.arange(vocab) >= 3).astype(mx.float32)[:, None] * 0.99 + 0.01
+            for name, w in weights.items():
+                if w.ndim == 2 and w.shape[0] == vocab and ("lm_head" in name or "embed" in name):
+                    weights[name] = w * damp
+                elif family in TIED and w.ndim >= 2:
+                    # Tied output head: with the default small layers each token's own embedding
+                    # dominates and greedy repeats the input; stronger layers make it move.
+                    weights[name] = w * 4
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            mx.save_safetensors(str(tmp / "model.safetensors"), {k: v.astype(mx.float32) for k, v in weights.items()})
+            (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
+            for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+                if (src / name).exists():
+                    shutil.copyfile(src / name, tmp / name)
+            shutil.rmtree(target, ignore_errors=True)
+            tmp.rename(target)
     return str(target)
 
 
