@@ -36,7 +36,7 @@ from common.python_utils import OptionError, option_bool, option_int, parse_opti
 import forward_prep  # noqa: E402
 import prepare  # noqa: E402
 from engine import Engine, EngineConfig, EngineError, lockstep, spec_config  # noqa: E402
-from loaders import adapt_options, model_loader  # noqa: E402
+from loaders import adapt_options, media_bounds, model_loader  # noqa: E402
 
 log = logging.getLogger("mlx-backend")
 
@@ -127,7 +127,8 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
                 trust_remote_code=request.TrustRemoteCode or option_bool(options, "trust_remote_code", False),
                 adapters=adapt_options.lora_requests(
                     request.LoraAdapter, request.LoraScale, request.LoraAdapters, request.LoraScales),
-                kv=adapt_options.kv_spec(request.CacheTypeKey, request.CacheTypeValue, options))
+                kv=adapt_options.kv_spec(request.CacheTypeKey, request.CacheTypeValue, options),
+                media=media_bounds.from_load(options, {f: getattr(request, f) for f in media_bounds.HOST_FIELDS}))
             option_bool(options, "enable_thinking", True)  # checked now, used per request
             free_first = option_bool(options, "free_before_load", False)
             config = self._engine_config(options)

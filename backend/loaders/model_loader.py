@@ -50,6 +50,7 @@ class LoadSpec:
     trust_remote_code: bool = False
     adapters: List[Tuple[str, float]] = field(default_factory=list)  # LoRA (directory, scale)
     kv: Any = None  # adapt_options.KVSpec, None: the model's own float cache
+    media: Any = None  # media_bounds.MediaBounds of a vision model (None: the defaults)
 
 
 @dataclass
