@@ -257,7 +257,8 @@ def _hidden_states(lm, inputs: List[List[int]]):
 
 def _body(lm):
     """What runs a prompt into the cache without the vocabulary head, when the model has one."""
-    return getattr(lm.model, "model", None) or lm.model
+    inner = getattr(lm.model, "model", None)
+    return lm.model if inner is None else inner
 
 
 def _inner(lm):
