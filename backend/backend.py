@@ -42,7 +42,7 @@ import rpc_gate  # noqa: E402
 from render_guard import bounded  # noqa: E402
 from rpc_gate import gated  # noqa: E402
 from engine import Engine, EngineConfig, EngineError, lockstep, spec_config  # noqa: E402
-from loaders import adapt_options, model_loader  # noqa: E402
+from loaders import adapt_options, media_bounds, model_loader  # noqa: E402
 
 log = logging.getLogger("mlx-backend")
 
@@ -175,7 +175,8 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
                 trust_remote_code=request.TrustRemoteCode or options.trust_remote_code,
                 adapters=adapt_options.lora_requests(
                     request.LoraAdapter, request.LoraScale, request.LoraAdapters, request.LoraScales),
-                kv=adapt_options.kv_spec(request.CacheTypeKey, request.CacheTypeValue, options))
+                kv=adapt_options.kv_spec(request.CacheTypeKey, request.CacheTypeValue, options),
+                media=media_bounds.from_load(options, {f: getattr(request, f) for f in media_bounds.HOST_FIELDS}))
             config = EngineConfig.from_settings(options)
             text_limits = limits.from_options(options)
             speculation = spec_config.parse(options, request.DraftModel)

@@ -150,7 +150,12 @@ TABLE = (
     # Vision
     Option("video_fps", number(0.01, 240), None, "frames sampled per second of video"),
     Option("max_video_frames", integer(2, 1 << 12), None, "frames sampled per video"),
-    Option("max_image_pixels", integer(1, 1 << 34), 4096 * 4096, "pixels one image is resized to at most"),
+    Option("max_image_pixels", integer(1, 1 << 34), 4096 * 4096, "pixels of one image or video frame"),
+    Option("max_images", integer(0, 1 << 16), 16, "images per request (LimitImagePerPrompt wins when set)"),
+    Option("max_videos", integer(0, 1 << 12), 4, "videos per request (LimitVideoPerPrompt wins when set)"),
+    Option("max_audios", integer(0, 1 << 12), 4, "audio items per request (LimitAudioPerPrompt wins when set)"),
+    Option("max_media_bytes", integer(1, 1 << 30), 32 << 20, "decoded bytes of a request's media"),
+    Option("max_request_pixels", integer(1, 1 << 40), 1 << 27, "pixels a whole request decodes"),
 )
 # The per-request text bounds (limits.py holds their defaults and ranges).
 TABLE += tuple(

@@ -1,4 +1,4 @@
-"""Media items of a request: base64 -> checked PIL images, and their content hashes.
+"""Media items of a request: base64 -> raster PIL images, and their content hashes.
 
 Runs on the preparation thread; pure Python and PIL, no MLX. Every refusal is
 an OptionError naming the field (`Images[1]: ...`), which the servicer turns
@@ -13,6 +13,7 @@ import warnings
 from typing import List, Sequence
 
 from common.python_utils import OptionError
+from loaders.media_bounds import RASTER_FORMATS
 
 MEDIA_MARKER = "<__media__>"  # where a raw Prompt puts each item (the host's default, reported back)
 
@@ -29,25 +30,31 @@ def b64_bytes(field: str, item: str) -> bytes:
     return raw
 
 
-def decode_image(field: str, raw: bytes, max_pixels: int):
-    """An RGB PIL image, refused when it is not an image or has more than `max_pixels` pixels."""
+def open_image(field: str, raw: bytes):
+    """A PIL image of a raster format, opened lazily: its size is known, nothing is decoded yet."""
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            # Our own bounds (media_bounds) replace PIL's decompression-bomb warning.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            return Image.open(io.BytesIO(raw), formats=RASTER_FORMATS)
+    except Exception as e:  # PIL raises many types for bytes that are not an image
+        raise OptionError(f"{field}: not a decodable image of a raster format "
+                          f"({', '.join(RASTER_FORMATS)}) ({type(e).__name__})") from None
+
+
+def decode_image(field: str, img):
+    """The RGB pixels of an image `open_image` gave, EXIF-rotated (its size already checked)."""
     from PIL import Image, ImageOps
 
     try:
         with warnings.catch_warnings():
-            # Our own bound replaces PIL's decompression-bomb warning.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(raw))
-            width, height = img.size  # from the header: nothing decoded yet
-            if width * height > max_pixels:
-                raise OptionError(f"{field}: the image is {width}x{height}, over the bound of "
-                                  f"{max_pixels} pixels (option max_image_pixels)")
             img.load()
             img = ImageOps.exif_transpose(img)
             return img.convert("RGB")
-    except OptionError:
-        raise
-    except Exception as e:  # PIL raises many types for bytes that are not an image
+    except Exception as e:  # truncated or corrupt data behind a valid header
         raise OptionError(f"{field}: not a decodable image ({type(e).__name__})") from None
 
 

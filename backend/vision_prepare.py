@@ -1,7 +1,9 @@
 """The prompt of a request to a vision model: media decoded, placed and expanded (prep thread).
 
-Images are decoded and bounded by media.py, videos checked to decode and
-handed to mlx-vlm's loader as files; both are placed in the prompt (by
+Nothing is decoded before the request's media fit their bounds (media_bounds:
+counts, payload bytes, then pixels from the images' and videos' headers);
+images are then decoded by media.py, videos checked to decode and handed to
+mlx-vlm's loader as files; both are placed in the prompt (by
 mlx-vlm's chat templating for Messages, at the host's markers for a raw
 Prompt), then mlx-vlm's processor expands each into its tokens and makes the
 pixel arrays (video frames sampled by its rules and the fps / frame options). The arrays leave as numpy: the engine thread makes its own
@@ -19,8 +21,10 @@ import numpy as np
 from common.python_utils import OptionError, messages_to_dicts
 from engine import EngineError
 import limits
+from loaders import media_bounds
+from loaders.media_bounds import Extent
 from render_guard import bounded
-from media import MEDIA_MARKER, b64_bytes, content_hash, decode_image, keyed_tokens
+from media import MEDIA_MARKER, b64_bytes, content_hash, decode_image, keyed_tokens, open_image
 
 VIDEO_MARKER = r"\[vid-\d+\]"  # the host's marker for the N-th video of a raw Prompt
 
@@ -44,36 +48,73 @@ def _refuse_kinds(parts, opts) -> None:
                               f"{'video' if name == 'Videos' else 'audio'} input here")
 
 
-def _images(parts, opts) -> Tuple[list, List[int]]:
-    images, hashes = [], []
+def _check_before_decoding(parts, opts) -> None:
+    """Counts and payload bytes, from the request alone (media_bounds)."""
+    bounds = parts.bounds
+    media_bounds.check_counts(bounds, len(opts.Images), len(opts.Videos), len(opts.Audios))
+    _within_budget(media_bounds.check_bytes, bounds, [(f"{name}[{i}]", item) for name in ("Images", "Videos", "Audios")
+                                                      for i, item in enumerate(getattr(opts, name))])
+
+
+def _within_budget(check, *args) -> None:
+    try:
+        check(*args)
+    except media_bounds.OverBudget as e:  # a size budget of this server: as a prompt over the context
+        raise EngineError("RESOURCE_EXHAUSTED", str(e)) from None
+
+
+def _open_images(opts) -> Tuple[list, List[int], List[Extent]]:
+    """Each image opened lazily (its header read, nothing decoded), its hash and its size."""
+    opened, hashes, extents = [], [], []
     for i, item in enumerate(opts.Images):
         field_name = f"Images[{i}]"
         raw = b64_bytes(field_name, item)
-        images.append(decode_image(field_name, raw, parts.max_image_pixels))
+        img = open_image(field_name, raw)
+        opened.append(img)
         hashes.append(content_hash(raw))
-    return images, hashes
+        extents.append(Extent(field_name, *img.size))
+    return opened, hashes, extents
 
 
-def _videos(opts, folder: str) -> Tuple[List[str], List[int]]:
-    """Each video's bytes in a file of `folder` (mlx-vlm's loader reads files), checked to decode."""
+def _open_videos(parts, opts, folder: str) -> Tuple[List[str], List[int], List[Extent]]:
+    """Each video's bytes in a file of `folder` (mlx-vlm's loader reads files), with its frame size
+    and count read from the container's header (no frame decoded)."""
     import cv2
 
-    paths, hashes = [], []
+    paths, hashes, extents = [], [], []
     for i, item in enumerate(opts.Videos):
-        raw = b64_bytes(f"Videos[{i}]", item)
+        field_name = f"Videos[{i}]"
+        raw = b64_bytes(field_name, item)
         path = os.path.join(folder, f"video{i}")
         with open(path, "wb") as f:
             f.write(raw)
         cap = cv2.VideoCapture(path)
         try:
-            ok = cap.isOpened() and int(cap.get(cv2.CAP_PROP_FRAME_COUNT)) > 0 and cap.read()[0]
+            ok = cap.isOpened()
+            frames = int(cap.get(cv2.CAP_PROP_FRAME_COUNT)) if ok else 0
+            width, height = (int(cap.get(p)) for p in (cv2.CAP_PROP_FRAME_WIDTH, cv2.CAP_PROP_FRAME_HEIGHT))
+        finally:
+            cap.release()
+        if not ok or frames <= 0 or width <= 0 or height <= 0:
+            raise OptionError(f"{field_name}: not a decodable video")
+        paths.append(path)
+        hashes.append(content_hash(raw))
+        extents.append(Extent(field_name, width, height, media_bounds.video_frames(parts.bounds, frames)))
+    return paths, hashes, extents
+
+
+def _check_videos_decode(paths: List[str]) -> None:
+    """One frame of each video decodes (its size is already within the bounds)."""
+    import cv2
+
+    for i, path in enumerate(paths):
+        cap = cv2.VideoCapture(path)
+        try:
+            ok = cap.read()[0]
         finally:
             cap.release()
         if not ok:
             raise OptionError(f"Videos[{i}]: not a decodable video")
-        paths.append(path)
-        hashes.append(content_hash(raw))
-    return paths, hashes
 
 
 def _raw_prompt(parts, text: str, image_hashes: List[int], video_hashes: List[int]) -> Tuple[str, List[int]]:
@@ -156,9 +197,13 @@ def vision_prompt(lm, opts, tools, template_kwargs) -> Optional[Tuple[str, List[
                                                      or re.search(VIDEO_MARKER, opts.Prompt))):
         return None  # text only: the text path, exactly as for a text model
     _refuse_kinds(parts, opts)
-    images, hashes = _images(parts, opts)
+    _check_before_decoding(parts, opts)
+    opened, hashes, extents = _open_images(opts)
     with tempfile.TemporaryDirectory(prefix="mlx-video-") as folder:
-        videos, video_hashes = _videos(opts, folder)
+        videos, video_hashes, video_extents = _open_videos(parts, opts, folder)
+        _within_budget(media_bounds.check_pixels, parts.bounds, extents + video_extents)
+        images = [decode_image(f"Images[{i}]", img) for i, img in enumerate(opened)]
+        _check_videos_decode(videos)
         if use_template:
             text = _chat_prompt(lm, opts, tools, len(images), len(videos), template_kwargs)
             hashes += video_hashes  # the order they take in the rendered message

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from common.python_utils import OptionError
-from media import b64_bytes, content_hash, decode_image, keyed_tokens
+from media import b64_bytes, content_hash, decode_image, keyed_tokens, open_image
 from vision_fixture import image_b64
 
 MEDIA = 7  # the placeholder id in these tests
@@ -33,16 +33,28 @@ def test_b64_bytes(item, error):
             b64_bytes("Images[0]", item)
 
 
-def test_decode_image_table():
-    img = decode_image("Images[0]", png((40, 30)), max_pixels=1200)
+def test_open_then_decode_image_table():
+    img = open_image("Images[0]", png((40, 30)))
+    assert img.size == (40, 30)  # from the header
+    img = decode_image("Images[0]", img)
     assert img.size == (40, 30) and img.mode == "RGB"
-    with pytest.raises(OptionError, match=r"Images\[2\]: the image is 40x30, over the bound of 1199"):
-        decode_image("Images[2]", png((40, 30)), max_pixels=1199)
     with pytest.raises(OptionError, match=r"Images\[1\]: not a decodable image"):
-        decode_image("Images[1]", b"GIF89a but not really", max_pixels=10**6)
+        open_image("Images[1]", b"GIF89a but not really")
     truncated = png((40, 30))[:60]
     with pytest.raises(OptionError, match="not a decodable image"):
-        decode_image("Images[0]", truncated, max_pixels=10**6)
+        decode_image("Images[0]", open_image("Images[0]", truncated))
+
+
+def test_only_raster_formats_are_opened():
+    from PIL import Image
+
+    eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 4000 4000\nshowpage\n%%EOF\n"
+    assert Image.open(io.BytesIO(eps)).format == "EPS"  # PIL would take it (and call Ghostscript to decode)
+    with pytest.raises(OptionError, match=r"Images\[0\]: not a decodable image of a raster format"):
+        open_image("Images[0]", eps)
+    for fmt in ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF"):
+        raw = base64.b64decode(image_b64(0, size=(8, 6), fmt=fmt))
+        assert open_image("Images[0]", raw).format == fmt
 
 
 def test_content_hash_tells_equal_from_different_bytes():

@@ -7,8 +7,9 @@ between two decode steps, so running streams stall at most one chunk:
 - embedding jobs waiting together are padded into one batch (up to the token
   budget), whichever call they came from;
 - a score job prefills its shared prompt in chunks (from the prefix cache
-  when it is warm), then evaluates its candidates as one batch, each row
-  continuing the prompt's KV.
+  when it is warm; hidden states only), then evaluates its candidates in
+  batches sized by what they allocate, each row continuing a copy of the
+  prompt's KV in the cache's own form, logits only at the rows' positions.
 Engine thread only (every MLX call); jobs are built by forward_prep.
 """
 
@@ -19,12 +20,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, List, Optional
 
 import mlx.core as mx
+from mlx.utils import tree_map
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from engine import pair_forward
 from engine.row_batch import run_rows, take_rows
 
 log = logging.getLogger("mlx-backend.forward")
+
+# What one pass of Score rows may allocate (rows x positions x vocabulary, and the rows' copies of
+# the shared prompt's KV); a larger call takes more passes.
+SCORE_CHUNK_BYTES = 256 << 20
 
 
 @dataclass
@@ -206,18 +212,15 @@ class ForwardWork:
                 p.done = p.cached
             if p.done < len(job.shared):  # one chunk of the shared prompt
                 end = min(len(job.shared), p.done + budget)
-                lm.model(mx.array([job.shared[p.done:end]]), cache=p.cache)
+                # Its hidden states only: no position of the shared prompt is scored, so no
+                # vocabulary-wide logits for it.
+                _body(lm)(mx.array([job.shared[p.done:end]]), cache=p.cache)
                 mx.eval([c.state for c in p.cache])
                 p.done = end
                 return []
-            # Rows, as many as fit the budget: each continues the shared prompt's KV.
-            start, width = p.rows_done, 0
-            end = start
-            while end < len(job.rows):
-                w = max(width, len(job.rows[end]))
-                if end > start and (end - start + 1) * w > budget:
-                    break
-                width, end = w, end + 1
+            # Rows, as many as one bounded pass takes: each continues a copy of the shared prompt's KV.
+            start = p.rows_done
+            end = _rows_end(lm, job, start, budget)
             for tokens, logprobs in _score_rows(lm, p.cache, job, start, end):
                 p.out_tokens.append(tokens)
                 p.out_logprobs.append(logprobs)
@@ -250,6 +253,12 @@ def _hidden_states(lm, inputs: List[List[int]]):
         # A causal LM: padding on the right is never attended by the real tokens before it.
         hidden = _inner(lm)(ids)
     return hidden.astype(mx.float32), lengths
+
+
+def _body(lm):
+    """What runs a prompt into the cache without the vocabulary head, when the model has one."""
+    inner = getattr(lm.model, "model", None)
+    return lm.model if inner is None else inner
 
 
 def _inner(lm):
@@ -294,46 +303,69 @@ def _warm_cache(lm, cache_store, shared: List[int]):
     return cache, len(shared) - len(rest)
 
 
-def _batched(cache, rows: int) -> Optional[list]:
-    """The shared prompt's KV repeated for `rows` rows (plain KV caches only), else None."""
-    if not all(type(c) is KVCache for c in cache):
-        return None
+def _vocab(lm) -> int:
+    return int(lm.config.get("vocab_size") or lm.config.get("text_config", {}).get("vocab_size")
+               or len(lm.tokenizer))
+
+
+def _rows_end(lm, job: ScoreJob, start: int, budget: int) -> int:
+    """The end of the rows from `start` that one pass evaluates: rows x width within the token
+    budget, and what the pass allocates within SCORE_CHUNK_BYTES: each row's copy of the shared
+    prompt's KV, the logits of every position run (float32) and of the scored ones in float64
+    (with logsumexp's temporary). One row at least."""
+    vocab, kv = _vocab(lm), getattr(lm, "kv_bytes_per_token", 0)
+    end, width, scored = start, 0, 0
+    while end < len(job.rows):
+        w = max(width, len(job.rows[end]))
+        s = scored + len(job.targets[end]) - job.first[end]
+        n = end - start + 1
+        cost = n * len(job.shared) * kv + n * w * vocab * 4 + s * vocab * 8 * 2
+        if end > start and (n * w > budget or cost > SCORE_CHUNK_BYTES):
+            break
+        width, scored, end = w, s, end + 1
+    return end
+
+
+def _repeated(cache, rows: int) -> list:
+    """The shared prompt's cache repeated for `rows` rows, each layer in its own form (plain,
+    quantized, cast, rotating window, recurrent state): its state with every array repeated
+    along the batch axis, rebuilt by the class (mlx-lm's `from_state`)."""
     out = []
     for c in cache:
-        b = KVCache()
-        if c.offset:
-            k, v = c.keys[..., :c.offset, :], c.values[..., :c.offset, :]
-            b.state = (mx.repeat(k, rows, axis=0), mx.repeat(v, rows, axis=0), c.offset)
-        out.append(b)
+        state = c.state
+        if isinstance(c, KVCache) and c.keys is not None:  # its filled part, not the spare room
+            state = (c.keys[..., :c.offset, :], c.values[..., :c.offset, :], c.offset)
+        out.append(type(c).from_state(tree_map(
+            lambda a: mx.repeat(a, rows, axis=0) if isinstance(a, mx.array) else a, state)))
     return out
 
 
 def _score_rows(lm, cache, job: ScoreJob, start: int, end: int):
-    """(candidate token ids, their log-probs) of rows [start, end), evaluated as one batch."""
+    """(candidate token ids, their log-probs) of rows [start, end), evaluated as one batch.
+
+    Logits leave the model for the rows' own positions only (the shared prompt is in the
+    cache), and only the scored ones of those go on to float64.
+    """
     rows = job.rows[start:end]
-    shared = None
-    batch_cache = _batched(cache, len(rows))
-    if batch_cache is None:  # a cache we cannot share (rotating, quantized...): rows from the start
-        shared, batch_cache = job.shared, None
-        rows = [shared + r for r in rows]
     width = max(len(r) for r in rows)
     ids = mx.array([r + [0] * (width - len(r)) for r in rows])
-    logits = lm.model(ids, cache=batch_cache)
-    offset = len(shared) if shared is not None else 0
-    index = [[0] * width for _ in rows]
-    for i, targets in enumerate(job.targets[start:end]):
-        for j, t in enumerate(targets):
-            index[i][offset + j] = t
-    # float64 (CPU only in MLX): a float32 sum over a 50k-token vocabulary drifts by ~1e-4.
-    with mx.stream(mx.cpu):
-        wide = logits.astype(mx.float64)
-        picked = mx.take_along_axis(wide, mx.array(index)[..., None], axis=-1)[..., 0] \
-            - mx.logsumexp(wide, axis=-1)
-        mx.eval(picked)
-    picked = picked.tolist()
+    logits = lm.model(ids, cache=_repeated(cache, len(rows)))
+    at, picks = [], []
     for i, targets in enumerate(job.targets[start:end]):
         first = job.first[start + i]
-        yield targets[first:], picked[i][offset + first: offset + len(targets)]
+        at += [i * width + j for j in range(first, len(targets))]
+        picks += targets[first:]
+    scored = logits.reshape(-1, logits.shape[-1])[mx.array(at)]
+    # float64 (CPU only in MLX): a float32 sum over a 50k-token vocabulary drifts by ~1e-4.
+    with mx.stream(mx.cpu):
+        wide = scored.astype(mx.float64)
+        picked = mx.take_along_axis(wide, mx.array(picks)[:, None], axis=-1)[:, 0] - mx.logsumexp(wide, axis=-1)
+        mx.eval(picked)
+    picked, k = picked.tolist(), 0
+    for i, targets in enumerate(job.targets[start:end]):
+        first = job.first[start + i]
+        yield targets[first:], picked[k:k + len(targets) - first]
+        k += len(targets) - first
 
 
 def _save(cache_store, lm, job: ScoreJob, cache) -> None:

@@ -52,6 +52,7 @@ class LoadSpec:
     trust_remote_code: bool = False
     adapters: List[Tuple[str, float]] = field(default_factory=list)  # LoRA (directory, scale)
     kv: Any = None  # adapt_options.KVSpec, None: the model's own float cache
+    media: Any = None  # media_bounds.MediaBounds of a vision model (None: the defaults)
 
     def __post_init__(self):
         # Typed and checked once (load_options); a plain dict (a follower's copy, a draft's spec) too.

@@ -21,7 +21,6 @@ from typing import Any, Dict, List, Optional
 
 log = logging.getLogger("mlx-backend.vision")
 
-DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096  # a bound on what one decoded image may cost (load option max_image_pixels)
 
 
 class MediaState:
@@ -133,22 +132,21 @@ class VisionParts:
     model_type: str
     media_token_ids: List[int]
     image_block: str  # the text that stands for one image in a raw prompt
-    max_image_pixels: int
+    bounds: Any  # media_bounds.MediaBounds: what one request's media may cost
     takes_video: bool = False
     takes_audio: bool = False
     video_block: str = ""  # the text that stands for one video in a raw prompt
     extra: Dict[str, Any] = field(default_factory=dict)  # frame sampling for videos (fps, max_frames)
 
 
-def _video_options(options) -> Dict[str, Any]:
-    """Frame sampling from the load options; unset ones are left to the processor's defaults."""
-    from common.python_utils import option_float, option_int
+def _video_options(options, bounds) -> Dict[str, Any]:
+    """Frame sampling: the fps from the load options (else the processor's), never more
+    frames than the bound the pixel budget counted with."""
+    from common.python_utils import option_float
 
-    out: Dict[str, Any] = {}
+    out: Dict[str, Any] = {"max_frames": bounds.max_video_frames}
     if "video_fps" in options:
         out["fps"] = option_float(options, "video_fps", 2.0, minimum=0.01)
-    if "max_video_frames" in options:
-        out["max_frames"] = option_int(options, "max_video_frames", 16, minimum=2)
     return out
 
 
@@ -195,18 +193,28 @@ def _check_processor(parts: "VisionParts") -> Optional[str]:
     return None
 
 
+def _bounds(spec):
+    """The LoadModel's media bounds (a dict when they came over the wire to a follower rank)."""
+    from loaders import media_bounds
+
+    if isinstance(spec.media, media_bounds.MediaBounds):
+        return spec.media
+    if isinstance(spec.media, dict):
+        return media_bounds.MediaBounds(**spec.media)
+    return media_bounds.from_load(spec.options, {})
+
+
 def load_vision(spec, source: str, started: float):
     """LoadedModel of kind "vision" from a directory whose config.json has a vision_config."""
     import mlx.core as mx
     from mlx_lm.utils import load_tokenizer
     from mlx_vlm.utils import load as vlm_load
 
-    from common.python_utils import option_int
     from loaders.model_loader import LoadedModel, ModelLoadError, _materialize
 
     if spec.dtype not in ("auto", "native"):
         raise ModelLoadError(f"dtype {spec.dtype!r}: vision models are served in their stored dtype")
-    max_pixels = option_int(spec.options, "max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS, minimum=1)
+    bounds = _bounds(spec)
     config = json.loads((Path(source) / "config.json").read_text())
     try:
         vlm, processor = vlm_load(source, trust_remote_code=spec.trust_remote_code)
@@ -222,10 +230,10 @@ def load_vision(spec, source: str, started: float):
     video_id = getattr(cfg, "video_token_id", None)
     parts = VisionParts(
         vlm=vlm, processor=processor, model_type=config.get("model_type", ""), media_token_ids=media_ids,
-        image_block=_image_block(processor, tokenizer), max_image_pixels=max_pixels,
+        image_block=_image_block(processor, tokenizer), bounds=bounds,
         # Video through the processor's video component and the model's video token (Qwen-VL).
         takes_video=isinstance(video_id, int) and getattr(processor, "video_processor", None) is not None,
-        extra=_video_options(spec.options))
+        extra=_video_options(spec.options, bounds))
     if parts.takes_video:
         parts.video_block = _image_block(processor, tokenizer).replace(
             getattr(processor, "image_token", "<image>"), getattr(processor, "video_token", "<video>"))
