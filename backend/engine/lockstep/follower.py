@@ -61,6 +61,10 @@ class Follower:
                 return
             self._seen = time.monotonic()
             kind = msg.get("k")
+            if kind == "stop":
+                # From here rank 0 closing the connection is the expected end, not a lost group:
+                # the loop may still be busy with earlier ops when the close arrives.
+                self._stopping = True
             if kind in ("ops", "stop"):
                 self._ops.put(msg)
             elif kind == "load":

@@ -47,6 +47,7 @@ class Leader:
         finally:
             server.close()
         self._seen: Dict[int, float] = {rank: time.monotonic() for rank in self._channels}
+        self._closed = {rank: threading.Event() for rank in self._channels}
         log.info("control channel up with ranks %s", sorted(self._channels))
         for rank, channel in self._channels.items():
             threading.Thread(target=self._receive, args=(rank, channel), name=f"rank{rank}-rx", daemon=True).start()
@@ -79,6 +80,7 @@ class Leader:
             try:
                 msg = channel.recv()
             except (OSError, ValueError) as e:
+                self._closed[rank].set()
                 self.lose(rank, f"it closed the control connection ({e})")
                 return
             self._seen[rank] = time.monotonic()
@@ -99,10 +101,20 @@ class Leader:
                 if now - seen > self.group.timeout:
                     self.lose(rank, f"it sent nothing for {now - seen:.0f}s")
 
-    def stop(self) -> None:
-        """Every follower ends (the backend is shutting down)."""
+    def stop(self, wait_s: float = 3.0) -> None:
+        """Every follower ends (the backend is shutting down). Waits (up to `wait_s`) for each
+        to close its end: closing ours first, with a frame of theirs still unread, would reset
+        the connection and could throw away the stop frame before they read it."""
         self._stopping = True
         self.send({"k": "stop"})
+        for channel in self._channels.values():
+            try:
+                channel.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        deadline = time.monotonic() + wait_s
+        for closed in self._closed.values():
+            closed.wait(max(0.0, deadline - time.monotonic()))
 
     # ---- loading: every rank loads its shard, rank 0 waits for all ----------------
 
