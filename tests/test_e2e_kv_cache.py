@@ -150,3 +150,5 @@ def test_q4_and_f16_caches_and_refused_cache_options(q8):
     assert q8.load(model, CacheTypeKey="f16", CacheTypeValue="f16").success
     assert memory(stub)["kv_bytes_per_token"] == expected_bytes_per_token(float_bytes, 16)
     assert b"Paris" in stub.Predict(question, timeout=120).message
+    # The fixture is shared by the module's tests, in whatever order they run: as it came.
+    assert q8.load(model, CacheTypeKey="q8_0", CacheTypeValue="q8_0").success

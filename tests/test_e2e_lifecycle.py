@@ -22,13 +22,14 @@ def predict(stub, **kw):
     return stub.Predict(chat("What is the capital of France?", Tokens=8, **kw), timeout=120)
 
 
-def test_predict_before_load_is_failed_precondition(fresh):
-    with pytest.raises(grpc.RpcError) as err:
-        predict(fresh.stub)
-    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "model not loaded" in err.value.details()
-    assert fresh.stub.Status(backend_pb2.HealthMessage(), timeout=5).state == \
-        backend_pb2.StatusResponse.UNINITIALIZED
+def test_predict_before_load_is_failed_precondition(log_dir):
+    with Backend(log_path=str(log_dir / "lifecycle-unloaded.log")) as unloaded:  # the others load models
+        with pytest.raises(grpc.RpcError) as err:
+            predict(unloaded.stub)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "model not loaded" in err.value.details()
+        assert unloaded.stub.Status(backend_pb2.HealthMessage(), timeout=5).state == \
+            backend_pb2.StatusResponse.UNINITIALIZED
 
 
 def test_missing_model_fails_and_server_keeps_serving(fresh, tmp_path):
