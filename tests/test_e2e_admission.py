@@ -128,6 +128,11 @@ def test_kv_budget_refuses_what_never_fits_and_shortens_an_open_ended_request(ba
     assert stub.Predict(chat("Name a mountain.", IgnoreEOS=True), timeout=120).tokens == 5
     both = [stub.Predict.future(chat("Name a mountain.", Tokens=5, IgnoreEOS=True), timeout=300) for _ in range(2)]
     assert [c.result().tokens for c in both] == [5, 5]
+    # With room for more, an open-ended request takes its share (budget / max_sequences), not
+    # all of it: two such shares here, so two run side by side, each cut at its share.
+    load(backend, f"kv_budget_bytes:{2 * (prompt + 5) * per_token}", "max_sequences:2")
+    open_ended = [stub.Predict.future(chat("Name a mountain.", IgnoreEOS=True), timeout=300) for _ in range(2)]
+    assert [c.result().tokens for c in open_ended] == [5, 5]
 
 
 # ---- Health tells the truth ------------------------------------------------------------

@@ -526,9 +526,15 @@ class Engine:
                 "ABORTED", "the model was reloaded while the request was prepared"))))
         else:
             per_token = getattr(lm, "kv_bytes_per_token", 0) if self._kv_budget else 0
-            fits = self._kv_budget // per_token - len(request.prompt) if per_token else 0
-            if request.open_ended and 0 < fits < request.max_tokens:
-                request.max_tokens = fits  # it ends "length" where the KV budget ends, not past it
+            if request.open_ended and per_token:
+                # Reserving to the end of a long context would take the whole budget and run
+                # requests one at a time: an open-ended one gets its share of the budget (or,
+                # with a prompt longer than a share, the rest of the whole budget) and ends
+                # "length" there, never past what was reserved.
+                share = self._kv_budget // self.config.max_sequences // per_token - len(request.prompt)
+                fits = share if share > 0 else self._kv_budget // per_token - len(request.prompt)
+                if 0 < fits < request.max_tokens:
+                    request.max_tokens = fits
             need = kv_budget.need(len(request.prompt), request.max_tokens, per_token)
             refused = self._refusal(request, need, per_token)
             if refused is not None:
