@@ -91,12 +91,12 @@ def check_text(opts, bound: limits.TextLimits) -> None:
     if len(opts.Messages) > bound.max_messages:
         raise OptionError(f"Messages: {len(opts.Messages)} given; at most {bound.max_messages} "
                           "(option max_messages)")
-    size = len(opts.Prompt.encode("utf-8")) + len(opts.Tools.encode("utf-8"))
+    size = sum(len(getattr(opts, f).encode("utf-8")) for f in ("Prompt", "Tools", "Grammar", "LogitBias"))
     size += sum(len(k.encode("utf-8")) + len(v.encode("utf-8")) for k, v in opts.Metadata.items())
     for m in opts.Messages:
         size += sum(len(getattr(m, f).encode("utf-8")) for f in MESSAGE_TEXT)
     if size > bound.max_prompt_bytes:
-        raise OptionError(f"Prompt: Prompt, Messages, Tools and Metadata add up to {size} bytes; at most "
+        raise OptionError(f"Prompt: Prompt, Messages, Tools, Grammar, LogitBias and Metadata add up to {size} bytes; at most "
                           f"{bound.max_prompt_bytes} (option max_prompt_bytes)")
     stops = [s for s in opts.StopPrompts if s]
     if len(stops) > bound.max_stop_strings:

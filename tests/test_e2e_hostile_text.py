@@ -167,6 +167,16 @@ def test_a_prompt_over_its_byte_bound_is_refused_before_tokenizing(server):
     refused(server, lambda: server.stub.TokenizeString(opts, timeout=60), INVALID, "max_prompt_bytes")
 
 
+def test_a_grammar_or_logit_bias_over_the_byte_bound_is_refused_before_compiling(server):
+    # llguidance compiles a grammar on a preparation thread: 9 MiB of rules is refused unread.
+    grammar = "root ::= " + " | ".join(f'"w{i}"' for i in range(900_000))
+    refused(server, lambda: server.stub.Predict(chat("hi", Tokens=2, Grammar=grammar), timeout=60),
+            INVALID, "Grammar", "max_prompt_bytes")
+    bias = "{" + ",".join(f'"{i}": 0' for i in range(1_000_000)) + "}"
+    refused(server, lambda: server.stub.Predict(chat("hi", Tokens=2, LogitBias=bias), timeout=60),
+            INVALID, "LogitBias", "max_prompt_bytes")
+
+
 def test_messages_over_their_byte_bound_are_refused_before_rendering(server):
     opts = chat("hi", Tokens=2)
     for _ in range(20):
