@@ -184,6 +184,9 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
                 raise OptionError("DraftModel: a draft model is not served across ranks")
         except OptionError as e:
             return backend_pb2.Result(success=False, message=f"invalid option: {e}")
+        except Exception as e:  # a load answers success=false, whatever went wrong (a bug: logged)
+            log.exception("LoadModel: reading its options failed")
+            return backend_pb2.Result(success=False, message=f"{type(e).__name__}: {e}")
         async with self.load_lock:
             try:
                 if options.free_before_load:  # for machines that cannot hold two models at once
