@@ -138,7 +138,7 @@ def test_token_from_env():
 BINDS = [("0.0.0.0:50051", False, True), ("[::]:50051", False, True), ("192.168.1.10:50051", False, True),
          ("myhost:50051", False, True), (":50051", False, True), ("127.0.0.1:50051", False, False),
          ("127.8.9.1:50051", False, False), ("localhost:50051", False, False), ("[::1]:50051", False, False),
-         ("unix:/tmp/x.sock", False, False), ("0.0.0.0:50051", True, False)]
+         ("unix:backend.sock", False, False), ("0.0.0.0:50051", True, False)]
 
 
 @pytest.mark.parametrize("addr,token,warned", BINDS)
