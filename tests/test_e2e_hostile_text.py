@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from common.launcher import backend_pb2, chat
 from conftest import run_threads, serving
+from peak_rss import peak_growth_mb
 
 pytestmark = pytest.mark.e2e
 
@@ -27,14 +28,6 @@ WITHIN_S = 25.0  # well under the 60 s the calls are given
 MIB = 1024 * 1024
 
 
-def vm_hwm_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmHWM in /proc status")
-
-
 def ordinary(stub):
     return stub.Predict(chat("Say hi.", Tokens=3, Temperature=0), timeout=60)
 
@@ -42,11 +35,10 @@ def ordinary(stub):
 def refused(backend, call, code, *names, rss_mb=150.0):
     """`call` fails with `code`, its message naming every one of `names`, within WITHIN_S;
     the server's high-water RSS grows under `rss_mb`; an ordinary chat next to it is served."""
-    before = vm_hwm_mb(backend.proc.pid)
     started = time.monotonic()
-    hostile, normal = run_threads([call, lambda: ordinary(backend.stub)])
+    (hostile, normal), grown = peak_growth_mb(
+        backend.proc.pid, lambda: run_threads([call, lambda: ordinary(backend.stub)]))
     elapsed = time.monotonic() - started
-    grown = vm_hwm_mb(backend.proc.pid) - before
     assert isinstance(hostile, grpc.RpcError), f"accepted: {str(hostile)[:200]}"
     assert hostile.code() == code, (hostile.code(), hostile.details())
     for name in names:
