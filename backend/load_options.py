@@ -72,7 +72,13 @@ def choice(*values, aliases: Optional[Dict[str, Any]] = None) -> Parser:
     by_text.update({k.lower(): v for k, v in (aliases or {}).items()})
 
     def convert(value):
-        key = str(value).strip().lower()
+        # The option parser has already typed the text: "on" came as True, "4.0" as 4.0.
+        if isinstance(value, bool):
+            key = "true" if value else "false"
+        elif isinstance(value, float) and value.is_integer():
+            key = str(int(value))
+        else:
+            key = str(value).strip().lower()
         if key not in by_text:
             raise ValueError
         return by_text[key]
@@ -136,8 +142,9 @@ TABLE = (
     Option("max_tokens", integer(0, I32), 0, "default for requests (0: to the context's end)"),
     Option("enable_thinking", boolean(), None, "default for the chat template's thinking switch"),
     # Speculative decoding
-    Option("speculation", choice("off", "lookup", "draft", aliases={"false": "off", "none": "off", "0": "off"}),
-           None, "speculative decoding (default: draft with DraftModel, else lookup)"),
+    Option("speculation", choice("off", "lookup", "draft", "auto",
+                                 aliases={"false": "off", "none": "off", "0": "off", "true": "auto"}),
+           None, "speculative decoding (default, or auto/on: draft with DraftModel, else lookup)"),
     Option("n_draft", integer(1, 32), None, "tokens proposed per step"),
     Option("ngram_size", integer(1, 64), 3, "longest n-gram prompt lookup matches"),
     Option("ngram_min", integer(1, 64), 1, "shortest n-gram prompt lookup matches"),

@@ -86,3 +86,36 @@ def test_unset_options_give_their_defaults_and_unknown_ones_are_ignored(caplog):
 def test_choices_name_what_is_allowed(entry, words):
     with pytest.raises(OptionError, match=words):
         parse([entry])
+
+
+# How people write these values in a model YAML, and what each means (hand table).
+@pytest.mark.parametrize("entry,name,meant", [
+    ("kv_bits:4", "kv_bits", 4),
+    ("kv_bits:4.0", "kv_bits", 4),
+    ("kv_group_size:64.0", "kv_group_size", 64),
+    ("speculation:on", "speculation", "auto"),
+    ("speculation:true", "speculation", "auto"),
+    ("speculation:yes", "speculation", "auto"),
+    ("speculation:off", "speculation", "off"),
+    ("speculation:false", "speculation", "off"),
+    ("speculation:0", "speculation", "off"),
+    ("speculation:Lookup", "speculation", "lookup"),
+])
+def test_choice_values_are_read_as_people_write_them(entry, name, meant):
+    assert parse([entry])[name] == meant
+
+
+@pytest.mark.parametrize("entry", ["kv_bits:4.5", "kv_bits:on", "speculation:2"])
+def test_near_misses_of_a_choice_are_still_refused(entry):
+    with pytest.raises(OptionError):
+        parse([entry])
+
+
+@pytest.mark.parametrize("written,draft_model,mode", [
+    ("speculation:on", "", "lookup"), ("speculation:on", "draft-dir", "draft"), (None, "", "lookup"),
+    ("speculation:off", "draft-dir", "off"),
+])
+def test_speculation_on_means_the_default_kind(written, draft_model, mode):
+    from engine import spec_config
+
+    assert spec_config.parse(parse([written] if written else []), draft_model).mode == mode

@@ -26,7 +26,9 @@ class Settings:
 def parse(options, draft_model: str = "") -> Settings:
     """The settings a LoadModel asks for, from load_options.Settings (each value already
     checked against its range); OptionError names what does not go together."""
-    mode = options.speculation or ("draft" if draft_model else "lookup")
+    mode = options.speculation
+    if mode in (None, "auto"):
+        mode = "draft" if draft_model else "lookup"
     if mode == "draft" and not draft_model:
         raise OptionError("option speculation:draft needs ModelOptions.DraftModel")
     n_draft = options.n_draft or DEFAULT_DRAFT.get(mode, 0)
