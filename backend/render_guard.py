@@ -5,8 +5,8 @@ own sandboxed jinja environment, which we do not build. So the bound watches
 the template's compiled code itself: while a render runs, a trace function on
 this thread follows only the frames jinja compiled from the template (their
 file name is "<template>"), checks the clock every few hundred lines (loops
-included: a for loop's every turn is a line event) and adds up the text each
-template generator yields. Past either budget it raises inside the template,
+included: a for loop's every turn is a line event) and adds up the text the
+template's root generator yields. Past either budget it raises inside the template,
 which ends the render there. Other threads are untouched; rendering
 costs about 3x a plain render (a fraction of a millisecond for a chat).
 """
@@ -19,6 +19,7 @@ from engine import EngineError
 
 TEMPLATE_FILE = "<template>"  # jinja's file name for code compiled from a string
 CHECK_EVERY = 256  # line events between clock reads
+ROOT = "root"  # jinja's name for the generator that yields a template's output
 
 
 class RenderBudgetExceeded(EngineError):
@@ -39,7 +40,9 @@ def bounded(field: str, seconds: float, output_bytes: int):
                 raise RenderBudgetExceeded(
                     f"{field}: rendering the chat template took over {seconds:g} s "
                     f"(option template_seconds)")
-        elif event == "return" and isinstance(arg, str):  # a template generator yields its output
+        elif event == "return" and isinstance(arg, str) and frame.f_code.co_name == ROOT:
+            # The template's output, each piece once: a macro returns its text to its caller
+            # and a block yields through the root, so only the root's yields are counted.
             # Characters, not bytes: counting bytes would cost an encode per piece;
             # a character is at most 4 bytes and the budget is generous.
             state["chars"] += len(arg)

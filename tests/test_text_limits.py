@@ -118,6 +118,24 @@ def test_output_past_its_budget_ends_the_render():
             t.render()
 
 
+# Macros nested three deep inside a block: what the render returns is what counts, once.
+NESTED = ("{% macro inner(x) %}[{{ x }}]{% endmacro %}"
+          "{% macro outer(x) %}<{{ inner(x) }}{{ inner(x) }}>{% endmacro %}"
+          "{% block body %}{% for m in messages %}{{ outer(m) }}{% endfor %}{% endblock %}")
+
+
+@pytest.mark.parametrize("n", [1, 7, 40])
+def test_the_output_bound_counts_what_the_render_returns_exactly(n):
+    t = ENV.from_string(NESTED)
+    messages = ["abc"] * n
+    size = n * len("<[abc][abc]>")  # by hand: each message renders as <[abc][abc]>
+    with bounded("Messages", 60.0, size):
+        assert len(t.render(messages=messages)) == size
+    with pytest.raises(RenderBudgetExceeded, match="template_output_bytes"):
+        with bounded("Messages", 60.0, size - 1):
+            t.render(messages=messages)
+
+
 def test_the_bound_is_confined_to_its_thread_and_removed_after():
     import sys
 
