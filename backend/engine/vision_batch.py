@@ -66,9 +66,10 @@ class VisionBatch(TextBatch):
 
     def admit(self, prompt: List[int], max_tokens: int, sampling: SamplingParams, extra: List[Any],
               ignore_eos: bool, on_error: Callable[[Exception], None], direct: bool = False,
-              media=None) -> Tuple[int, int, Optional[First]]:
+              media=None, boundaries=()) -> Tuple[int, int, Optional[First]]:
         """As TextBatch.admit; the first token comes back here when nothing else runs, else
-        from a later step() once the prefill is done."""
+        from a later step() once the prefill is done. No boundary snapshots yet (`boundaries`
+        is ignored): only a prompt that extends a finished one hits a non-trimmable cache."""
         key = media.key if media is not None else list(prompt)
         cache, rest = self._nearest(key)
         cached = len(prompt) - len(rest)
