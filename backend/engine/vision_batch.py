@@ -59,6 +59,9 @@ class _Prefill:
 class VisionBatch(TextBatch):
     def __init__(self, lm, **kwargs):
         super().__init__(lm, **kwargs)
+        # No boundary snapshots here yet: every vision family served has a plain KV cache
+        # (Gemma 3 vision, with sliding windows, is refused at LoadModel), so none could be tested.
+        self.snapshots = False
         self._uids = itertools.count()
         self._pending: Deque[_Prefill] = deque()
         self._ours: Dict[int, int] = {}  # batch generator uid -> our uid
@@ -68,8 +71,8 @@ class VisionBatch(TextBatch):
               ignore_eos: bool, on_error: Callable[[Exception], None], direct: bool = False,
               media=None, boundaries=()) -> Tuple[int, int, Optional[First]]:
         """As TextBatch.admit; the first token comes back here when nothing else runs, else
-        from a later step() once the prefill is done. No boundary snapshots yet (`boundaries`
-        is ignored): only a prompt that extends a finished one hits a non-trimmable cache."""
+        from a later step() once the prefill is done. `boundaries` is ignored (no snapshots
+        here yet: see __init__)."""
         key = media.key if media is not None else list(prompt)
         cache, rest = self._nearest(key)
         cached = len(prompt) - len(rest)
