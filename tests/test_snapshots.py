@@ -110,3 +110,13 @@ def test_a_plain_kv_model_takes_no_snapshots():
     batch = run(lm, prompt, [20], direct=False)
     assert not batch.snapshots
     assert batch.cache.nbytes == 0  # nothing kept (the engine keeps the finished request)
+
+
+def test_a_prompt_equal_to_a_snapshot_restores_the_longest_one_short_of_it(family):
+    """A wholly cached prompt still needs its last token's logits: a cache that cannot drop
+    that token is not used whole, the longest entry short of it is (here the boundary's)."""
+    name, lm = family
+    prompt = [int(t) for t in np.random.RandomState(4).randint(3, 1000, size=40)]
+    batch = run(lm, prompt, [20], direct=True)
+    uid, cached, first = batch.admit(prompt[:39], 3, SamplingParams(), [], False, lambda e: None, direct=True)
+    assert cached == 20, name
