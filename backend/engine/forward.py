@@ -13,7 +13,6 @@ between two decode steps, so running streams stall at most one chunk:
 Engine thread only (every MLX call); jobs are built by forward_prep.
 """
 
-import copy
 import logging
 import time
 from collections import deque
@@ -223,7 +222,7 @@ class ForwardWork:
                 mx.eval([c.state for c in p.cache])
                 p.done = end
                 if snap and end == job.save_upto:
-                    p.snapshot = snapshots.compact(copy.deepcopy(p.cache))
+                    p.snapshot = snapshots.copied(p.cache)
                 return []
             # Rows, as many as one bounded pass takes: each continues a copy of the shared prompt's KV.
             start = p.rows_done

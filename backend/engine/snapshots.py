@@ -10,13 +10,14 @@ prompt sharing tokens[:P] restores it and prefills only its own rest. What a pre
 leaves at P is what a cold prefill of tokens[:P] leaves, so a hit is exact.
 """
 
+import copy
 import threading
 import weakref
 from typing import Any, Dict, Iterable, List, Tuple
 
 import mlx.core as mx
 from mlx.utils import tree_map
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import CacheList, KVCache, make_prompt_cache
 
 from engine.rewind import can_rewind
 
@@ -63,12 +64,36 @@ def compact(cache: List[Any]) -> List[Any]:
 
     A request's cache as the batch hands it out holds views into the whole batch's
     buffers: kept as they are, they would pin those buffers (far more than the bytes
-    the prefix cache counts) and measurably slow the prefills that follow.
+    the prefix cache counts) and measurably slow the prefills that follow. A plain KV
+    layer keeps its filled part only, not the room its buffer grows by.
     """
-    for layer in cache:  # tree_map: a quantized cache's state nests (packed, scales, biases)
-        layer.state = tree_map(lambda a: mx.array(a) if isinstance(a, mx.array) else a, layer.state)
+    for layer in cache:
+        _compact_layer(layer)
     mx.eval([layer.state for layer in cache])
     return cache
+
+
+def copied(cache: List[Any]) -> List[Any]:
+    """A compact copy of a live cache, which goes on filling (the direct prefill, Score)."""
+    return compact([_shallow(layer) for layer in cache])
+
+
+def _shallow(layer):
+    if isinstance(layer, CacheList):
+        return CacheList(*(_shallow(c) for c in layer.caches))
+    return copy.copy(layer)  # its arrays are replaced, not written to, by _compact_layer
+
+
+def _compact_layer(layer) -> None:
+    if isinstance(layer, CacheList):
+        for c in layer.caches:
+            _compact_layer(c)
+        return
+    state = layer.state
+    if isinstance(layer, KVCache) and layer.keys is not None:
+        state = (layer.keys[..., :layer.offset, :], layer.values[..., :layer.offset, :], layer.offset)
+    # tree_map: a quantized cache's state nests (packed, scales, biases)
+    layer.state = tree_map(lambda a: mx.array(a) if isinstance(a, mx.array) else a, state)
 
 
 def positions(boundaries: Iterable[int], cached: int, length: int) -> List[int]:

@@ -6,7 +6,6 @@ the whole batch, and takes requests out, returning their KV cache when it is
 whole. Engine thread only.
 """
 
-import copy
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -147,7 +146,7 @@ class TextBatch:
                 self.lm.model(mx.array([part]), cache=cache)
                 mx.eval([c.state for c in cache])
                 done += len(part)
-                self._keep(prompt[:done], snapshots.compact(copy.deepcopy(cache)), len(prompt))
+                self._keep(prompt[:done], snapshots.copied(cache), len(prompt))
             logits = self.lm.model(mx.array([parts[-1]]), cache=cache)[:, -1, :]
             context = mx.array(prompt, dtype=mx.int32)
             for p in processors:
