@@ -120,3 +120,36 @@ def test_a_prompt_equal_to_a_snapshot_restores_the_longest_one_short_of_it(famil
     batch = run(lm, prompt, [20], direct=True)
     uid, cached, first = batch.admit(prompt[:39], 3, SamplingParams(), [], False, lambda e: None, direct=True)
     assert cached == 20, name
+
+
+class _Inner:
+    """A text batch that records what it is asked to admit."""
+
+    def __init__(self):
+        self.admitted = []
+
+    def admit(self, *args, **kwargs):
+        self.admitted.append(kwargs.get("boundaries"))
+        return 0, 0, None
+
+
+def test_every_rank_of_a_group_stops_at_the_same_boundaries():
+    """Rank 0 journals an admission's boundaries and a follower replays them: each rank runs
+    the same prefill passes (a tensor-parallel pass needs every rank) and keeps the same snapshots."""
+    from engine.lockstep.follower import Follower
+    from engine.lockstep.leader import RecordingBatch
+
+    class Leader:
+        lost, sent = None, []
+
+        def send(self, message):
+            self.sent.append(message)
+
+    leader, inner = Leader(), _Inner()
+    batch = RecordingBatch(inner, leader, {})
+    batch.admit([1, 2, 3, 4, 5, 6], 4, SamplingParams(), [], False, lambda e: None, direct=True, boundaries=[3])
+    (op,) = [o for m in leader.sent for o in m["ops"] if o["k"] == "admit"]
+    follower = Follower.__new__(Follower)
+    follower.text, follower.lm, follower._named = _Inner(), None, {}
+    follower._apply(op)
+    assert inner.admitted == follower.text.admitted == [[3]]
