@@ -7,7 +7,10 @@ Each must be, bit for bit, the state a cold prefill with mlx-lm's own cache
 classes (make_prompt_cache and the model's forward pass) leaves after the same
 tokens, fed in the same passes: prefill-step chunks, restarting at each earlier
 boundary (a rotating cache's layout depends on where its passes end). The first
-boundary is therefore exactly a cold prefill of its prefix.
+boundary is therefore exactly a cold prefill of its prefix. Also: a prompt equal to
+a snapshot restores the longest entry short of it (its last token gives the
+logits), a plain KV model takes no snapshots, and every rank of a group stops
+at the same boundaries.
 """
 
 import numpy as np

@@ -6,8 +6,13 @@ every token in and cannot be taken back, so it serves only a prompt that extends
 whole sequence. For those, the prefill stops at a few positions P (the start of a
 chat's last message, the end of the prompt, a Score's stable prefix) and keeps a
 compact copy of the cache there, as the prefix cache's entry for tokens[:P]: a later
-prompt sharing tokens[:P] restores it and prefills only its own rest. What a prefill
-leaves at P is what a cold prefill of tokens[:P] leaves, so a hit is exact.
+prompt sharing tokens[:P] restores it and prefills only its own rest.
+
+A snapshot at P is, bit for bit, what mlx-lm's own classes leave after a cold
+prefill of tokens[:P] through the same passes (tests/test_snapshots.py; passes
+matter: a rotating window keeps the tail of each multi-token pass). A warm request
+then differs from a cold one of the same prompt only as any two chunkings of a
+prefill do (float rounding, well within 1e-4 in logprobs: tests/test_e2e_snapshots.py).
 """
 
 import copy
