@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Tuple
 from common.mlx_utils import OutputRouter
 from common.python_utils import (OptionError, messages_to_dicts, option_float, option_int,
                                  parse_bool, parse_json_field, parse_tools)
-from engine import EngineError, Request
+from engine import EngineError, Request, snapshots
 from engine.sampling import SamplingParams, injected_fault
 import limits
 from render_guard import bounded
@@ -65,8 +65,10 @@ def template_kwargs(opts, model_options: Dict[str, Any], depth: int = limits.Tex
     return kwargs
 
 
-def render_prompt(lm, opts, tools) -> str:
-    """The chat template applied to Messages (with the parsed Tools), as text."""
+def render_prompt(lm, opts, tools, upto: int = 0) -> str:
+    """The chat template applied to Messages (with the parsed Tools), as text. With `upto`
+    (< 0), only Messages[:upto] and no generation prompt: the conversation before its last
+    messages, as the template renders it."""
     tok = lm.tokenizer
     if not tok.has_chat_template:
         raise OptionError("Messages: this model has no chat template; send a raw Prompt")
@@ -76,11 +78,38 @@ def render_prompt(lm, opts, tools) -> str:
     try:
         with bounded("Messages", bound.template_seconds, bound.template_output_bytes):
             return tok.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs)
+                messages[:upto] if upto else messages, tools=tools, add_generation_prompt=not upto,
+                tokenize=False, **kwargs)
     except (OptionError, EngineError):
         raise
     except Exception as e:  # jinja errors: the template rejected these messages
         raise OptionError(f"Messages: the chat template failed: {type(e).__name__}: {e}") from None
+
+
+def chat_boundaries(lm, opts, tools, text: str, tokens: List[int]) -> List[int]:
+    """Where the last message of a rendered chat starts, in prompt tokens ([] when unknown).
+
+    The next turn of the chat keeps everything before it and differs from there on (its
+    own reply, edited or not, and a new message), so a model whose cache cannot be
+    trimmed back (engine.snapshots) keeps a snapshot there. The other models never pay
+    for the second render. Found as the tokens the full prompt shares with the render of
+    the messages before the last one, when that render is a prefix of the full one's text.
+    """
+    if len(opts.Messages) < 2 or getattr(lm, "kind", "text") != "text" or not snapshots.wanted_for(lm):
+        return []
+    try:
+        head = render_prompt(lm, opts, tools, upto=-1)
+    except (OptionError, EngineError):  # a template that refuses the shorter chat: no boundary
+        return []
+    if not head or not text.startswith(head):
+        return []
+    ids = lm.tokenizer.encode(head, add_special_tokens=False)
+    shared = 0
+    for a, b in zip(ids, tokens):
+        if a != b:
+            break
+        shared += 1
+    return [shared] if 0 < shared < len(tokens) else []
 
 
 MESSAGE_TEXT = ("role", "content", "name", "tool_call_id", "reasoning_content", "tool_calls")
@@ -118,10 +147,15 @@ def request_tools(lm, opts):
     return parse_tools(opts.Tools, limits.of(lm).max_json_depth)
 
 
+def chat_rendered(opts) -> bool:
+    """Whether the prompt is the chat template applied to Messages (not the raw Prompt)."""
+    return bool(opts.Messages) and (opts.UseTokenizerTemplate or not opts.Prompt)
+
+
 def prompt(lm, opts, tools=None) -> Tuple[str, List[int]]:
     """The request's prompt as text and token ids (chat-rendered when Messages are used)."""
     tok = lm.tokenizer
-    if opts.Messages and (opts.UseTokenizerTemplate or not opts.Prompt):
+    if chat_rendered(opts):
         text = render_prompt(lm, opts, request_tools(lm, opts) if tools is None else tools)
         return text, tok.encode(text, add_special_tokens=False)
     bos = tok.bos_token
@@ -297,9 +331,10 @@ def build_request(lm, opts) -> Request:
             "RESOURCE_EXHAUSTED",
             f"the prompt is {len(tokens)} tokens; the context holds {lm.context_size}")
     asked = opts.Tokens or option_int(lm.options, "max_tokens", 0, minimum=0)
+    boundaries = chat_boundaries(lm, opts, tools, text, tokens) if media is None and chat_rendered(opts) else []
     return Request(prompt=tokens, max_tokens=min(asked or room, room), open_ended=not asked, sampling=sampling,
                    stops=[s for s in opts.StopPrompts if s], model_epoch=lm.epoch, fault=fault,
                    label=opts.CorrelationId, ignore_eos=opts.IgnoreEOS,
                    logprobs=opts.Logprobs > 0 or opts.TopLogprobs > 0,
                    top_logprobs=opts.TopLogprobs, processors=extra, n_draft=n_draft, media=media,
-                   router=OutputRouter.for_tokenizer(lm.tokenizer, tools, text))
+                   router=OutputRouter.for_tokenizer(lm.tokenizer, tools, text), boundaries=boundaries)

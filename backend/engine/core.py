@@ -60,6 +60,7 @@ class Request:
     fault: str = ""  # fault-injection site, tests only (MLX_BACKEND_FAULT_INJECTION=1)
     media: Any = None  # vision_prepare.VisionInputs of a request with images
     open_ended: bool = False  # max_tokens is "to the context's end", not asked: the KV budget may shorten it
+    boundaries: List[int] = field(default_factory=list)  # prompt positions a later prompt likely shares (snapshots)
 
 
 @dataclass
@@ -614,6 +615,7 @@ class Engine:
                 uid, slot.cached, first = self._batch().admit(
                     req.prompt, req.max_tokens, req.sampling, req.processors, req.ignore_eos,
                     on_error=lambda e, slot=slot: self._sampling_failed(slot, e), direct=direct,
+                    boundaries=req.boundaries,
                     **({"media": req.media} if req.media is not None else {}))
             except Exception as e:  # this request alone: the batch is as it was
                 log.exception("request %d: admission failed", req.id)

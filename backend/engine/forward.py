@@ -23,7 +23,7 @@ import mlx.core as mx
 from mlx.utils import tree_map
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from engine import pair_forward
+from engine import pair_forward, snapshots
 from engine.row_batch import run_rows, take_rows
 
 log = logging.getLogger("mlx-backend.forward")
@@ -93,6 +93,7 @@ class _Pending:
     cached: int = 0
     started: bool = False
     rows_done: int = 0
+    snapshot: Any = None  # a score's cache at its save_upto, when its cache cannot be trimmed
     pooled: Any = None  # vectors so far; for a long input, its running sum / last state / states
     out_tokens: List[List[int]] = field(default_factory=list)
     out_logprobs: List[List[float]] = field(default_factory=list)
@@ -211,12 +212,17 @@ class ForwardWork:
                 p.cache, p.cached = _warm_cache(lm, prefix_cache(), job.shared)
                 p.done = p.cached
             if p.done < len(job.shared):  # one chunk of the shared prompt
-                end = min(len(job.shared), p.done + budget)
+                # A cache that cannot be trimmed is kept as it is at save_upto (a snapshot):
+                # the chunk that reaches it ends there.
+                snap = p.done < job.save_upto and snapshots.wanted_for(lm)
+                end = min(job.save_upto if snap else len(job.shared), p.done + budget)
                 # Its hidden states only: no position of the shared prompt is scored, so no
                 # vocabulary-wide logits for it.
                 _body(lm)(mx.array([job.shared[p.done:end]]), cache=p.cache)
                 mx.eval([c.state for c in p.cache])
                 p.done = end
+                if snap and end == job.save_upto:
+                    p.snapshot = snapshots.copied(p.cache)
                 return []
             # Rows, as many as one bounded pass takes: each continues a copy of the shared prompt's KV.
             start = p.rows_done
@@ -228,7 +234,7 @@ class ForwardWork:
             if end < len(job.rows):
                 return []
             self.queue.popleft()
-            _save(prefix_cache(), lm, job, p.cache)
+            _save(prefix_cache(), lm, job, p.cache, p.snapshot)
             evaluated = len(job.shared) - p.cached + sum(len(r) for r in job.rows)
             return [(p.sink, ScoreResult(p.out_tokens, p.out_logprobs, evaluated, p.cached))]
         except Exception as e:
@@ -368,9 +374,19 @@ def _score_rows(lm, cache, job: ScoreJob, start: int, end: int):
         k += len(targets) - first
 
 
-def _save(cache_store, lm, job: ScoreJob, cache) -> None:
-    """Keep the shared prompt's KV (up to the stable prefix) for the next call."""
-    if cache_store is None or job.save_upto <= 0 or not all(type(c) is KVCache for c in cache):
+def _save(cache_store, lm, job: ScoreJob, cache, snapshot=None) -> None:
+    """Keep the shared prompt's KV (up to the stable prefix) for the next call: a plain KV
+    cache cut back to it, or the snapshot taken there of one that cannot be cut back."""
+    if cache_store is None or job.save_upto <= 0:
+        return
+    if snapshot is not None:
+        try:
+            cache_store.insert_cache(lm.epoch, list(job.shared[:job.save_upto]), snapshot,
+                                     cache_type=snapshots.SHARED_PREFIX)
+        except Exception:  # as below
+            log.exception("keeping a score prompt's snapshot in the prefix cache failed")
+        return
+    if not all(type(c) is KVCache for c in cache):
         return
     try:
         keep = []

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import mlx.core as mx
-from mlx.utils import tree_map
 from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
+from engine import snapshots
 from engine.sampling import SamplingParams, make_processors, make_sampler
 
 log = logging.getLogger("mlx-backend.text")
@@ -71,10 +71,13 @@ class TextBatch:
         self.prefill_step_size = prefill_step_size
         self._eos = StopSequences([(t,) for t in lm.tokenizer.eos_token_ids])
         self._no_stop = StopSequences([])
+        # Boundary snapshots (engine.snapshots) only where the cache cannot be trimmed back.
+        self.snapshots = snapshots.wanted(lm.model)
+        self._snapping: Dict[int, int] = {}  # uid -> its prompt's length, while its prefill snapshots
 
     def admit(self, prompt: List[int], max_tokens: int, sampling: SamplingParams, extra: List[Any],
               ignore_eos: bool, on_error: Callable[[Exception], None],
-              direct: bool = False) -> Tuple[int, int, Optional[First]]:
+              direct: bool = False, boundaries: Tuple[int, ...] = ()) -> Tuple[int, int, Optional[First]]:
         """Insert one request: (its uid, prompt tokens served from the cache, its first token
         when it was computed here). Raises on failure, leaving the batch as it was.
 
@@ -82,29 +85,37 @@ class TextBatch:
         prefilled here and the first token sampled from its last logits: one forward pass to
         the first token, where the batch generator takes a pass for the prompt, one for its
         last token and waits on the next.
+
+        When the model's cache cannot be trimmed, the prefill stops at `boundaries`
+        (prompt positions) and at the prompt's end and keeps a snapshot there.
         """
         cache, rest = self._nearest(prompt)
         cached = len(prompt) - len(rest)
+        at = snapshots.positions(boundaries, cached, len(prompt)) if self.snapshots else []
         sampler, processors = self._guarded(sampling, extra, on_error)
         first = None
+        parts = snapshots.segments(rest, cached, at)
         if direct and len(rest) <= self.prefill_step_size:
             cache = cache if cache is not None else make_prompt_cache(self.lm.model)
-            token, logprobs = self._prefill_and_sample(cache, rest, prompt, sampler, processors)
+            token, logprobs = self._prefill_and_sample(cache, parts, prompt, sampler, processors)
             eos = token in self.lm.tokenizer.eos_token_ids and not ignore_eos
             finish = "stop" if eos else "length" if max_tokens <= 1 else None
             first = First(-1, token, logprobs, finish, cache, list(prompt))
             if finish:  # done in one token: never enters the batch
                 return -1, cached, first
             # The batch continues from the sampled token, as from a one-token prompt.
-            rest, cached_tokens, max_tokens = [token], list(prompt), max_tokens - 1
+            parts, cached_tokens, max_tokens = [[token]], list(prompt), max_tokens - 1
         else:
             cached_tokens = prompt[:cached]
-        (uid,) = self.gen.insert(
-            [rest], max_tokens=[max_tokens], caches=[cache], all_tokens=[cached_tokens],
+        # Each segment's end is a stop of the prefill (insert_segments): a snapshot there (step).
+        (uid,) = self.gen.insert_segments(
+            [parts], max_tokens=[max_tokens], caches=[cache], all_tokens=[cached_tokens],
             samplers=[sampler], logits_processors=[processors],
             stop_sequences=[self._no_stop if ignore_eos else self._eos])
         if first is not None:
             first.uid = uid
+        elif at:
+            self._snapping[uid] = len(prompt)
         return uid, cached, first
 
     def _nearest(self, key: List[Any]) -> Tuple[Any, List[Any]]:
@@ -115,8 +126,9 @@ class TextBatch:
             if can_trim_prompt_cache(cache):
                 trim_prompt_cache(cache, 1)
                 rest = key[-1:]
-            else:
-                cache, rest = None, key
+            else:  # the longest entry short of the whole key: an end-of-prompt snapshot is one
+                cache, rest = self.cache.fetch_nearest_cache(self.lm.epoch, key[:-1])
+                rest = list(rest) + key[-1:]
         return cache, rest
 
     def _guarded(self, sampling: SamplingParams, extra: List[Any], on_error: Callable[[Exception], None]):
@@ -125,9 +137,17 @@ class TextBatch:
         return (guarded(sampler, _argmax, on_error) if sampler else None,
                 [guarded(p, _unchanged, on_error) for p in make_processors(sampling, extra)])
 
-    def _prefill_and_sample(self, cache, rest: List[int], prompt: List[int], sampler, processors):
+    def _prefill_and_sample(self, cache, parts: List[List[int]], prompt: List[int], sampler, processors):
+        """Prefill the uncached rest of `prompt` (cut into `parts`, a snapshot kept at the end
+        of each but the last) and sample the first token from the last part's logits."""
         with mx.stream(self.gen.stream):
-            logits = self.lm.model(mx.array([rest]), cache=cache)[:, -1, :]
+            done = len(prompt) - sum(len(p) for p in parts)
+            for part in parts[:-1]:
+                self.lm.model(mx.array([part]), cache=cache)
+                mx.eval([c.state for c in cache])
+                done += len(part)
+                self._keep(prompt[:done], snapshots.copied(cache), len(prompt))
+            logits = self.lm.model(mx.array([parts[-1]]), cache=cache)[:, -1, :]
             context = mx.array(prompt, dtype=mx.int32)
             for p in processors:
                 logits = p(context, logits)
@@ -138,8 +158,28 @@ class TextBatch:
 
     def step(self) -> list:
         """One decode step for every running request (and a prefill chunk for new ones)."""
-        _, responses = self.gen.next()
+        prompts, responses = self.gen.next()
+        if self._snapping:
+            self._snapshot(prompts)
         return responses
+
+    def _snapshot(self, prompts: list) -> None:
+        """Keep a snapshot of each snapshotting request whose prefill just ended a segment."""
+        ended = [r.uid for r in prompts if r.end_of_segment and not r.end_of_prompt and r.uid in self._snapping]
+        for uid, (cache, tokens) in self.gen.extract_cache(ended).items():
+            self._keep(list(tokens), snapshots.compact(cache), self._snapping[uid])
+        for r in prompts:
+            if r.end_of_prompt:
+                self._snapping.pop(r.uid, None)
+
+    def _keep(self, tokens: List[int], cache: List[Any], prompt_length: int) -> None:
+        """A snapshot into the prefix cache, accounted and evicted with every other entry.
+        Losing one must not fail the request."""
+        kind = snapshots.END_OF_PROMPT if len(tokens) == prompt_length - 1 else snapshots.SHARED_PREFIX
+        try:
+            self.cache.insert_cache(self.lm.epoch, tokens, cache, cache_type=kind)
+        except Exception:
+            log.exception("keeping a %d-token snapshot failed", len(tokens))
 
     def live_cache(self, uid: int) -> Optional[List[Any]]:
         """A running request's per-layer KV cache as it is now (views, left in the batch),
@@ -148,6 +188,8 @@ class TextBatch:
 
     def remove(self, uids: List[int], keep_cache: bool = False) -> Dict[int, Tuple[Any, List[int]]]:
         """Take requests out of the batch; with keep_cache, {uid: (KV cache, its tokens)}."""
+        for uid in uids:
+            self._snapping.pop(uid, None)
         return self.gen.remove(uids, return_prompt_caches=keep_cache)
 
     def save(self, tokens: Optional[List[int]], cache: Optional[Any]) -> None:
@@ -160,10 +202,7 @@ class TextBatch:
         """
         if cache is None or not tokens:
             return
-        for layer in cache:  # tree_map: a quantized cache's state nests (packed, scales, biases)
-            layer.state = tree_map(lambda a: mx.array(a) if isinstance(a, mx.array) else a, layer.state)
-        mx.eval([layer.state for layer in cache])
-        self.cache.insert_cache(self.lm.epoch, list(tokens), cache)
+        self.cache.insert_cache(self.lm.epoch, list(tokens), snapshots.compact(cache))
 
     @property
     def cache_bytes(self) -> int:

@@ -59,6 +59,9 @@ class _Prefill:
 class VisionBatch(TextBatch):
     def __init__(self, lm, **kwargs):
         super().__init__(lm, **kwargs)
+        # No boundary snapshots here yet: every vision family served has a plain KV cache
+        # (Gemma 3 vision, with sliding windows, is refused at LoadModel), so none could be tested.
+        self.snapshots = False
         self._uids = itertools.count()
         self._pending: Deque[_Prefill] = deque()
         self._ours: Dict[int, int] = {}  # batch generator uid -> our uid
@@ -66,9 +69,10 @@ class VisionBatch(TextBatch):
 
     def admit(self, prompt: List[int], max_tokens: int, sampling: SamplingParams, extra: List[Any],
               ignore_eos: bool, on_error: Callable[[Exception], None], direct: bool = False,
-              media=None) -> Tuple[int, int, Optional[First]]:
+              media=None, boundaries=()) -> Tuple[int, int, Optional[First]]:
         """As TextBatch.admit; the first token comes back here when nothing else runs, else
-        from a later step() once the prefill is done."""
+        from a later step() once the prefill is done. `boundaries` is ignored (no snapshots
+        here yet: see __init__)."""
         key = media.key if media is not None else list(prompt)
         cache, rest = self._nearest(key)
         cached = len(prompt) - len(rest)

@@ -137,7 +137,8 @@ class Follower:
             self._named.clear()
             _, _, first = self.text.admit(
                 op["prompt"], op["max"], sampling_from_wire(op["sampling"]),
-                processors_from_wire(self.lm, op["extra"]), op["eos"], on_error=_ignore, direct=op["direct"])
+                processors_from_wire(self.lm, op["extra"]), op["eos"], on_error=_ignore, direct=op["direct"],
+                boundaries=op.get("b", ()))
             if first is not None and first.prompt_cache is not None:
                 self._named[("a",)] = (first.prompt_cache, first.all_tokens)
         elif kind == "step":

@@ -249,10 +249,12 @@ class RecordingBatch:
         if cache is not None:
             self._names[id(cache)] = (name, cache)
 
-    def admit(self, prompt, max_tokens, sampling, extra, ignore_eos, on_error, direct=False):
+    def admit(self, prompt, max_tokens, sampling, extra, ignore_eos, on_error, direct=False, boundaries=()):
         op = admit_wire(prompt, max_tokens, sampling, extra, ignore_eos, direct)
+        # Every rank stops its prefill at the same boundaries (the same passes, the same snapshots).
+        op["b"] = list(boundaries)
         uid, cached, first = self._run(op, lambda: self.inner.admit(
-            prompt, max_tokens, sampling, extra, ignore_eos, on_error, direct=direct))
+            prompt, max_tokens, sampling, extra, ignore_eos, on_error, direct=direct, boundaries=boundaries))
         if first is not None:
             self._name(first.prompt_cache, ["a"])
         return uid, cached, first
