@@ -49,6 +49,9 @@ SUFFIX = ".safetensors"
 STALE_TMP_S = 3600.0  # a temporary file this old was left by a process that died mid-write
 DEFAULT_DISK_BYTES = 4 << 30
 MAX_QUEUED_BYTES = 1 << 30  # evicted entries waiting for the writer, at most
+# The largest entry kept on disk: a read of it on the engine thread stays within about
+# one CPU prefill chunk (~1.5 s) at the read rates measured here (DiskTier.read).
+MAX_ENTRY_BYTES = 1 << 30
 
 
 def folder_root() -> Path:
@@ -570,7 +573,7 @@ class DiskTier:
         except ValueError as e:
             log.debug("prompt cache: not kept on disk: %s", e)
             return False
-        if sum(a.nbytes for a in arrays.values()) > self.budget:
+        if sum(a.nbytes for a in arrays.values()) > min(self.budget, MAX_ENTRY_BYTES):
             return False
         # The writer thread only copies buffers out: MLX runs nothing there (a thread of its
         # own has no stream to run on), so whatever is still lazy is computed here.
