@@ -122,6 +122,7 @@ TABLE = (
     Option("prefill_batch_size", integer(1, 1024), 8, "prompts prefilled together"),
     Option("prompt_cache_bytes", integer(0, BYTES), None, "byte bound of the prefix KV cache"),
     Option("prompt_cache_entries", integer(1, 1 << 20), 64, "entry bound of the prefix KV cache"),
+    Option("prompt_cache_disk_bytes", integer(0, BYTES), None, "byte bound of the prefix cache's disk tier (0: off)"),
     Option("forward_chunk_tokens", integer(1, 1 << 20), None, "tokens per embedding / score pass"),
     Option("max_concurrent_rpcs", integer(1, 1 << 16), 256, "RPCs doing work at once"),
     Option("max_waiting", integer(0, 1 << 16), 128, "requests waiting for a place in the batch"),

@@ -126,6 +126,7 @@ COALESCE_S = 0.1
 QUIET_S = 0.003
 
 
+PROMPT_CACHE_DRAIN_S = 2.0  # at shutdown, the longest the prefix cache's disk writes may take
 LOOP_BACKOFF_MAX_S = 0.5  # the longest pause between two passes of a loop that keeps failing
 LOOP_FAULT_PASSES = 12  # tests only: how many passes in a row Metadata fault "loop" fails
 FAULT_SECONDS = 5.0  # tests only: how long Metadata fault "failing" fails every pass, and "stall" blocks one
@@ -155,6 +156,7 @@ class EngineConfig:
     prefill_batch_size: int = 8
     prompt_cache_bytes: int = field(default_factory=_default_prompt_cache_bytes)
     prompt_cache_entries: int = 64
+    prompt_cache_disk_bytes: Optional[int] = None  # disk tier (prompt_store); None: 4 GiB or less by free space, 0: off
     forward_chunk_tokens: int = 0  # 0: a causal LM's prefill chunk, 1024 for an encoder
     max_waiting: int = 128  # requests queued beyond the batch's free places; more are refused
     kv_budget_bytes: Optional[int] = None  # KV bytes running requests may reserve; None: from memory, 0: no bound
@@ -168,7 +170,8 @@ class EngineConfig:
             max_sequences=s.max_sequences, prefill_step_size=s.prefill_step_size,
             prefill_batch_size=s.prefill_batch_size,
             prompt_cache_bytes=d.prompt_cache_bytes if s.prompt_cache_bytes is None else s.prompt_cache_bytes,
-            prompt_cache_entries=s.prompt_cache_entries, forward_chunk_tokens=s.forward_chunk_tokens or 0,
+            prompt_cache_entries=s.prompt_cache_entries, prompt_cache_disk_bytes=s.prompt_cache_disk_bytes,
+            forward_chunk_tokens=s.forward_chunk_tokens or 0,
             max_waiting=s.max_waiting, kv_budget_bytes=s.kv_budget_bytes, health_timeout=s.health_timeout)
 
 
@@ -470,8 +473,18 @@ class Engine:
                     if not isinstance(e, Exception):
                         raise
         elif isinstance(command, Stop):
+            # Closing the batch queues its warm prefix-cache entries for the disk.
             self._fail_all(EngineError("CANCELLED", "the backend is shutting down"))
             self._stopping = True
+            self._keep_prompt_cache()
+
+    def _keep_prompt_cache(self) -> None:
+        """Let the prefix cache's disk writes finish, within the engine's stop time (backend.py
+        joins this thread for ENGINE_STOP_S): the most recently used entries were queued first."""
+        from engine import prompt_store
+
+        if not prompt_store.drain_all(PROMPT_CACHE_DRAIN_S):
+            log.warning("prompt cache: shutting down with disk writes still queued")
 
     # ---- a request's way through ----------------------------------------------
 
@@ -647,8 +660,15 @@ class Engine:
                 # 512 tokens, so a small chunk costs little and bounds the stall of running streams.
                 prefill_step_size=c.prefill_step_size or (128 if mx.default_device() == mx.cpu else 512),
                 prompt_cache_bytes=c.prompt_cache_bytes, prompt_cache_entries=c.prompt_cache_entries,
-                stream=self._stream)
+                prompt_cache_disk_bytes=self._disk_bytes(), stream=self._stream)
         return self._text
+
+    def _disk_bytes(self) -> int:
+        """The prefix cache's disk budget (0: no disk tier)."""
+        from engine import prompt_store
+
+        budget = self.config.prompt_cache_disk_bytes
+        return prompt_store.default_disk_bytes(prompt_store.folder_root()) if budget is None else budget
 
     @staticmethod
     def _sampling_failed(slot: _Slot, e: Exception) -> None:
@@ -802,6 +822,8 @@ class Engine:
             "cache": mx.get_cache_memory(),
             "peak": mx.get_peak_memory(),
             "prompt_cache": self._text.cache_bytes if self._text is not None else 0,
+            # Entries, hits (memory, disk), prompt tokens served from it, its files (prompt_store).
+            **(self._text.cache_figures() if self._text is not None else {}),
             # What one cached token costs (kv_cache: quantized or float16 when asked for).
             "kv_bytes_per_token": getattr(self.model, "kv_bytes_per_token", 0),
             "kv_bytes_per_token_float": getattr(self.model, "kv_bytes_per_token_float", 0),

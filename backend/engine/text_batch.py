@@ -12,9 +12,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
-from mlx_lm.models.cache import LRUPromptCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
 from engine import snapshots
+from engine.prompt_store import make_store
 from engine.sampling import SamplingParams, make_processors, make_sampler
 
 log = logging.getLogger("mlx-backend.text")
@@ -62,12 +63,13 @@ class First:
 
 class TextBatch:
     def __init__(self, lm, *, max_sequences: int, prefill_batch_size: int, prefill_step_size: int,
-                 prompt_cache_bytes: int, prompt_cache_entries: int, stream):
+                 prompt_cache_bytes: int, prompt_cache_entries: int, stream, prompt_cache_disk_bytes: int = 0):
         self.lm = lm
         self.gen = BatchGenerator(
             lm.model, completion_batch_size=max_sequences, prefill_batch_size=prefill_batch_size,
             prefill_step_size=prefill_step_size, stream=stream)
-        self.cache = LRUPromptCache(max_size=prompt_cache_entries, max_bytes=prompt_cache_bytes)
+        # mlx-lm's LRUPromptCache, with a disk tier behind it when prompt_cache_disk_bytes > 0.
+        self.cache = make_store(lm, prompt_cache_entries, prompt_cache_bytes, prompt_cache_disk_bytes)
         self.prefill_step_size = prefill_step_size
         self._eos = StopSequences([(t,) for t in lm.tokenizer.eos_token_ids])
         self._no_stop = StopSequences([])
@@ -208,7 +210,14 @@ class TextBatch:
     def cache_bytes(self) -> int:
         return self.cache.nbytes
 
+    def cache_figures(self) -> dict:
+        return self.cache.figures()
+
     def close(self) -> None:
+        try:  # what memory still holds is warm: kept on disk for the next batch, or process
+            self.cache.flush_to_disk()
+        except Exception:
+            log.exception("keeping the prompt cache on disk failed")
         try:
             self.gen.close()
         except Exception:

@@ -76,6 +76,7 @@ class LoadedModel:
     # with it so that a later model can never get them.
     derived: Dict[str, Any] = field(default_factory=dict)
     adapters: List[str] = field(default_factory=list)  # LoRA directories applied
+    adapter_scales: List[float] = field(default_factory=list)  # their scales, in order
     kv: Any = None  # adapt_options.KVSpec of its KV cache
     kv_bytes_per_token: int = 0  # measured at load, for Status
     kv_bytes_per_token_float: int = 0  # the same with the model's own float cache
@@ -242,7 +243,7 @@ def _adapt(model, spec: LoadSpec) -> Dict[str, Any]:
     except Exception as e:  # e.g. a group size that does not divide the head dimension
         kind = spec.kv.describe() if spec.kv else "float"
         raise ModelLoadError(f"the {kind} KV cache does not work with this model: {type(e).__name__}: {e}") from None
-    return dict(adapters=used, kv=spec.kv, kv_bytes_per_token=per_token,
+    return dict(adapters=used, adapter_scales=[float(s) for _, s in spec.adapters], kv=spec.kv, kv_bytes_per_token=per_token,
                 kv_bytes_per_token_float=kv_cache.bytes_per_token(model, plain=True) if spec.kv else per_token)
 
 

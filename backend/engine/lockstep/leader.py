@@ -292,6 +292,9 @@ class RecordingBatch:
     def cache_bytes(self) -> int:
         return self.inner.cache_bytes
 
+    def cache_figures(self) -> dict:
+        return self.inner.cache_figures()
+
 
 class _GroupFault:
     """Engine command: the group is lost (put by the channel's watchdog)."""
@@ -321,6 +324,9 @@ class LockstepEngine(Engine):
 
     def _speculating(self) -> bool:
         return False  # a speculating stream runs outside the batch the followers replay
+
+    def _disk_bytes(self) -> int:
+        return 0  # no disk tier: a hit here that the followers' replay misses would part the ranks
 
     def _batch(self):
         if self._text is None:
