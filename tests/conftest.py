@@ -1,7 +1,10 @@
 """Shared fixtures: the real backend process with the real embedded model."""
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 import threading
 
 import grpc
@@ -12,6 +15,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(REPO, "backend"), REPO]
 
 from common.launcher import Backend  # noqa: E402
+
+# The prefix cache's disk tier is on by default: every server this run starts keeps its
+# prompt caches in this run's own folder, never in the user's (an earlier run's files would
+# make a cold request warm), and the folder goes with the run.
+_PROMPT_CACHE = tempfile.mkdtemp(prefix="mlx-backend-prompt-cache-")
+os.environ["MLX_BACKEND_PROMPT_CACHE_DIR"] = _PROMPT_CACHE
+atexit.register(shutil.rmtree, _PROMPT_CACHE, True)
 
 # Every run draws the same examples (a red run can be replayed as it was), and no example is
 # judged by wall time: this machine is shared, a slow example is not a failing one.

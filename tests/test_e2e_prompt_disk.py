@@ -53,7 +53,8 @@ def oracle():
 @pytest.fixture(scope="module")
 def restarted(tmp_path_factory, log_dir, oracle):
     """The second server, after the first served FIRST for every family and was stopped."""
-    env = {"MLX_BACKEND_CACHE_DIR": str(tmp_path_factory.mktemp("backend-cache"))}
+    root = tmp_path_factory.mktemp("backend-cache")
+    env = {"MLX_BACKEND_CACHE_DIR": str(root), "MLX_BACKEND_PROMPT_CACHE_DIR": str(root / "prompt-cache")}
     first = Backend(env=env, log_path=str(log_dir / "disk-first.log"))
     try:
         first.wait_healthy()

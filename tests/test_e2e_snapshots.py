@@ -84,10 +84,15 @@ def close(a, b):
     return len(a) == len(b) and all(abs(x - y) <= 1e-4 for x, y in zip(a, b))
 
 
+# The memory tier is what these tests check; with the disk tier on, the reload that makes
+# a run cold would read back what the swap wrote.
+MEMORY_ONLY = ["prompt_cache_disk_bytes:0"]
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_edited_history_and_a_repeat_are_served_warm(backend, oracle, log_dir, family):
     path, log = build(family), log_dir / "snapshots.log"
-    assert backend.load(path).success
+    assert backend.load(path, Options=MEMORY_ONLY).success
     stub = backend.stub
     first, _ = ask(stub, TURN1, f"{family}-turn1")
     assert first.prompt_tokens > 60  # past the 16-token windows
@@ -107,7 +112,7 @@ def test_edited_history_and_a_repeat_are_served_warm(backend, oracle, log_dir, f
 
     # Cold: the model loaded again (a new epoch, nothing cached), the two prompts at once
     # (admitted together: the batch generator prefills them, stopping at their boundaries).
-    assert backend.load(path).success
+    assert backend.load(path, Options=MEMORY_ONLY).success
     (cold, cold_lp), (cold_alt, cold_alt_lp) = run_threads([
         lambda: ask(stub, TURN2, f"{family}-turn2-cold"), lambda: ask(stub, TURN2_ALT, f"{family}-alt-cold")])
     assert cached(log, f"{family}-turn2-cold") < first.prompt_tokens - 1, family
@@ -137,12 +142,12 @@ def score(stub, tail):
 
 def test_score_reuses_its_stable_prefix_on_a_hybrid_model(backend, log_dir):
     path, log = build("qwen3_next"), log_dir / "snapshots.log"
-    assert backend.load(path).success
+    assert backend.load(path, Options=MEMORY_ONLY).success
     score(backend.stub, "Is the market open on Sunday?")
     assert last_score_cached(log) == 0
     warm = score(backend.stub, "Does the ferry run at noon?")
     assert last_score_cached(log) > 0
-    assert backend.load(path).success  # a new epoch: nothing cached
+    assert backend.load(path, Options=MEMORY_ONLY).success  # a new epoch: nothing cached
     cold = score(backend.stub, "Does the ferry run at noon?")
     assert last_score_cached(log) == 0
     assert close(warm, cold), (warm, cold)

@@ -55,10 +55,12 @@ MAX_ENTRY_BYTES = 1 << 30
 
 
 def folder_root() -> Path:
-    """Where prompt caches live: next to the converted GGUF models (MLX_BACKEND_CACHE_DIR)."""
+    """Where prompt caches live: MLX_BACKEND_PROMPT_CACHE_DIR, else next to the converted
+    GGUF models (MLX_BACKEND_CACHE_DIR/prompt-cache)."""
     from loaders.gguf_loader import default_cache_dir
 
-    return default_cache_dir().parent / "prompt-cache"
+    own = os.environ.get("MLX_BACKEND_PROMPT_CACHE_DIR")
+    return Path(own) if own else default_cache_dir().parent / "prompt-cache"
 
 
 def default_disk_bytes(root: Path) -> int:
