@@ -22,8 +22,10 @@ server's TokenizeString returns for the same request. Its warm side is mlx-lm's 
 cache (`LRUPromptCache`, as mlx-lm's server keeps it): before a warm measure the child is
 given the cache state our server holds at that point (the first turn's prompt and reply ids,
 prefilled untimed); the timed part is the cache fetch (mlx-lm deep-copies the entry and trims
-it), the prefill of the rest in chunks of our server's size, and the first sampled token. Its
-cold side prefills from an empty cache. Each cold measure uses a prompt of the same shape
+it), the prefill of the rest in chunks of our server's size, and the first sampled token, as
+mlx-lm's generate_step makes it (a last-token pass of its own, the next step already queued);
+the table also gives the floor: the fetch, one forward pass over the rest and a sample. Its
+cold side prefills from an empty cache with generate_step. Each cold measure uses a prompt of the same shape
 whose first words no earlier prompt had (the chat template's first few tokens are shared by
 every prompt). Sides run one at a time, alternating which goes first.
 """
@@ -94,15 +96,24 @@ def raw_child(model_dir: str, cast: bool) -> None:
     mx.clear_cache()
     lru = LRUPromptCache(max_size=64)
 
-    def first_token(ids, warm):
-        """Seconds to the first sampled token: [cache fetch,] prefill of the rest, sample."""
+    def first_token(ids, warm, one_pass=False):
+        """Seconds to the first sampled token: [cache fetch,] prefill of the rest, sample.
+
+        As mlx-lm's generate_step does it (all but the last token in chunks, then the last
+        token, the next step already queued), or with `one_pass` the floor: the whole rest
+        (at most one chunk) in one forward pass and a sample from its last logits."""
         sampler = make_sampler(temp=0.9, top_p=0.95)
         mx.random.seed(random.randrange(1 << 30))
         t0 = time.perf_counter()
         cache, rest = lru.fetch_nearest_cache("model", ids) if warm else (None, ids)
         cache = cache if cache is not None else make_prompt_cache(model)
-        token, _ = next(generate_step(mx.array(rest), model, prompt_cache=cache, sampler=sampler,
-                                      prefill_step_size=STEP, max_tokens=1))
+        if one_pass:
+            logits = model(mx.array(rest)[None], cache=cache)[:, -1, :]
+            token = sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+            mx.eval(token, [c.state for c in cache])
+        else:
+            token, _ = next(generate_step(mx.array(rest), model, prompt_cache=cache, sampler=sampler,
+                                          prefill_step_size=STEP, max_tokens=1))
         took = time.perf_counter() - t0
         return {"ttft": took, "cached": len(ids) - len(rest), "token": int(token)}
 
@@ -248,8 +259,11 @@ def second_turn_round(r, stub, pb, raw, case, doc_notes, nonces, bias=""):
     cold_ids = ids_of(stub, pb, cold_msgs)
     (c_ms, c_engine, _, _), rc = pair(raw_first, lambda: ours(stub, pb, cold_msgs),
                                       lambda: raw.ask("first_token", ids=cold_ids, warm=False))
+    settle()
+    floor = raw.ask("first_token", ids=warm_ids, warm=True, one_pass=True)["ttft"] * 1000 \
+        if rw["cached"] and len(warm_ids) - rw["cached"] <= STEP else float("nan")
     return {"warm": w_ms, "cold": c_ms, "warm_engine": w_engine, "cold_engine": c_engine,
-            "raw_warm": rw["ttft"] * 1000, "raw_cold": rc["ttft"] * 1000, "raw_cached": rw["cached"],
+            "raw_warm": rw["ttft"] * 1000, "raw_floor": floor, "raw_cold": rc["ttft"] * 1000, "raw_cached": rw["cached"],
             "prompt_tokens": len(warm_ids), "cold_prompt_tokens": len(cold_ids), "shared": len(ids1),
             # whether the re-rendered history extends the held tokens exactly (a random model's
             # reply may re-tokenize differently; then only the first turn's prompt is shared)
@@ -385,6 +399,11 @@ def table(results) -> str:
                      + (f"; raw cached tokens {med(rows, 'raw_cached'):.0f}" if "raw_cached" in rows[0] else "")
                      + (f"; history extends turn 1 token for token in {sum(x['extends'] for x in rows)}/"
                         f"{len(rows)} rounds" if case == "exact" else ""))
+        floors = [x for x in rows if x.get("raw_floor", float("nan")) == x.get("raw_floor")]
+        if floors:
+            lines.append(f"{'':34} raw one-pass floor (fetch, one forward over the rest, sample) ms: "
+                         f"{med(floors, 'raw_floor'):.0f} = {ratio(floors, 'raw_floor', 'raw_cold')} of raw cold; "
+                         f"ours warm / floor {ratio(floors, 'warm', 'raw_floor')}")
         if case == "restart":
             lines.append(f"{'':34} start-up s with/without disk tier: {med(rows, 'startup_s'):.2f}/"
                          f"{med(rows, 'startup_off_s'):.2f} = {ratio(rows, 'startup_s', 'startup_off_s')}; "
@@ -401,7 +420,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds per scenario (default 3: ~8 min here)")
     parser.add_argument("--only", choices=SCENARIOS, action="append", help="run only these scenarios")
-    parser.add_argument("--out", default=os.path.join(REPO, "bench-prefix-results.json"))
+    parser.add_argument("--out", default=os.path.join(REPO, "bench-results-prefix.json"))
     parser.add_argument("--log", default=os.path.join(REPO, "bench-server.log"))
     parser.add_argument("--raw-child", nargs="?", const="", help=argparse.SUPPRESS)
     parser.add_argument("--cast", action="store_true", help=argparse.SUPPRESS)
