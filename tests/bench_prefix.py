@@ -306,8 +306,9 @@ def chat_bench(name, model_dir, cast, cases, doc_notes, rounds, log_path, log, n
             for c in cases:
                 t0 = time.monotonic()
                 out[c].append(second_turn_round(r, b.stub, pb, raw, c, doc_notes, nonces, bias))
-                print(f"{name} {c} round {r + 1}/{rounds}: {time.monotonic() - t0:.0f} s "
-                      f"{json.dumps({k: round(v) for k, v in out[c][-1].items()})}", file=sys.stderr)
+                shown = {k: round(v) if v == v else None for k, v in out[c][-1].items()}  # nan: no floor
+                print(f"{name} {c} round {r + 1}/{rounds}: {time.monotonic() - t0:.0f} s {json.dumps(shown)}",
+                      file=sys.stderr)
         return out
     finally:
         b.stop()
