@@ -260,10 +260,12 @@ def second_turn_round(r, stub, pb, raw, case, doc_notes, nonces, bias=""):
     (c_ms, c_engine, _, _), rc = pair(raw_first, lambda: ours(stub, pb, cold_msgs),
                                       lambda: raw.ask("first_token", ids=cold_ids, warm=False))
     settle()
-    floor = raw.ask("first_token", ids=warm_ids, warm=True, one_pass=True)["ttft"] * 1000 \
-        if rw["cached"] and len(warm_ids) - rw["cached"] <= STEP else float("nan")
+    floor = float("nan")  # only for a hit whose rest fits one pass
+    if rw["cached"] and len(warm_ids) - rw["cached"] <= STEP:
+        floor = raw.ask("first_token", ids=warm_ids, warm=True, one_pass=True)["ttft"] * 1000
     return {"warm": w_ms, "cold": c_ms, "warm_engine": w_engine, "cold_engine": c_engine,
-            "raw_warm": rw["ttft"] * 1000, "raw_floor": floor, "raw_cold": rc["ttft"] * 1000, "raw_cached": rw["cached"],
+            "raw_warm": rw["ttft"] * 1000, "raw_floor": floor, "raw_cold": rc["ttft"] * 1000,
+            "raw_cached": rw["cached"],
             "prompt_tokens": len(warm_ids), "cold_prompt_tokens": len(cold_ids), "shared": len(ids1),
             # whether the re-rendered history extends the held tokens exactly (a random model's
             # reply may re-tokenize differently; then only the first turn's prompt is shared)
