@@ -40,8 +40,11 @@ test: install-test
 	$(PYTEST) -q tests
 	$(PY) backend/test.py
 
+# BENCH=prefix: only the prefix-cache scenarios (tests/bench_prefix.py, ~10 min); BENCH=all: both.
+BENCH ?= main
 bench: install-test
-	$(PY) tests/bench.py
+	$(if $(filter main all,$(BENCH)),$(PY) tests/bench.py)
+	$(if $(filter prefix all,$(BENCH)),$(PY) tests/bench_prefix.py $(BENCH_ARGS))
 
 bench-adapt: install-test
 	$(PY) tests/bench_adapt.py

@@ -67,8 +67,9 @@ def config_of(family: str, vocab_size: int) -> dict:
     return cfg
 
 
-def build(family: str, root: Path = None) -> str:
-    """The directory of `family`'s tiny model, built once (seeded: the same weights every time)."""
+def build(family: str, root: Path = None, sizes: dict = None) -> str:
+    """The directory of `family`'s tiny model, built once (seeded: the same weights every time).
+    `sizes` overrides config entries (the benches build wider, deeper ones)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.utils import _get_classes
@@ -76,7 +77,7 @@ def build(family: str, root: Path = None) -> str:
     root = Path(root) if root is not None else _default_root()
     src = _tokenizer_source()
     vocab = json.loads((src / "config.json").read_text())["vocab_size"]
-    cfg = config_of(family, vocab)
+    cfg = dict(config_of(family, vocab), **(sizes or {}))
     # The name carries the recipe: a changed config or scaling is a new directory.
     recipe = json.dumps([cfg, sorted(TIED), BUILD_VERSION], sort_keys=True)
     target = root / f"{family}-{hashlib.sha256(recipe.encode()).hexdigest()[:10]}"

@@ -347,6 +347,10 @@ class Engine:
                     self._flush()
                     if not self._hold():
                         self._admit()
+                        # A lone request's first token is sampled at admission (the direct path):
+                        # out now, not with the next step's (that cost its TTFT one decode step,
+                        # 60-90 ms of a ~240 ms warm TTFT on SmolLM2 f32, bench_prefix.py).
+                        self._flush()
                     if self._slots:
                         self._beat = time.monotonic()  # Health times each call of the pass: admit, step, chunk
                         self._step()
