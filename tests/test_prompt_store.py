@@ -148,6 +148,7 @@ def test_evicted_entries_come_back_from_disk(tmp_path):
     cache, rest = store.fetch_nearest_cache(0, a + [99, 100])
     assert rest == [99, 100]
     assert _leaves(cache) == _leaves(_entry(a))
+    store.count_hit(len(a))
     assert store.figures()["prompt_cache_hits_disk"] == 1
     assert store.figures()["prompt_cache_tokens_saved"] == 6
     # A trimmable entry serves a prompt that shares only part of it.

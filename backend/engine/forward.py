@@ -306,6 +306,7 @@ def _warm_cache(lm, cache_store, shared: List[int]):
         cache, rest = cache_store.fetch_nearest_cache(lm.epoch, shared)
     if cache is None:
         return make_prompt_cache(lm.model), 0
+    cache_store.count_hit(len(shared) - len(rest))
     return cache, len(shared) - len(rest)
 
 

@@ -611,21 +611,25 @@ class PromptStore(LRUPromptCache):
         self.disk = disk
         self.hits = {"memory": 0, "disk": 0}
         self.tokens_saved = 0
+        self.source = "memory"  # where the last fetch's cache came from
 
     def fetch_nearest_cache(self, model, tokens):
         cache, rest = super().fetch_nearest_cache(model, tokens)
         served = len(tokens) - len(rest) if cache is not None else 0
-        source = "memory"
+        self.source = "memory"
         if self.disk is not None and served < len(tokens):
             if self._load_from_disk(model, tokens, served):
                 again, again_rest = super().fetch_nearest_cache(model, tokens)
                 if again is not None and len(tokens) - len(again_rest) > served:
-                    cache, rest, source = again, again_rest, "disk"
-                    served = len(tokens) - len(rest)
-        if cache is not None and served > 0:
-            self.hits[source] += 1
-            self.tokens_saved += served
+                    cache, rest, self.source = again, again_rest, "disk"
         return cache, rest
+
+    def count_hit(self, tokens: int) -> None:
+        """A prompt started from the last fetch's cache with `tokens` of it (what the caller used:
+        a whole-prompt hit gives back its last token, a second fetch may follow a first)."""
+        if tokens > 0:
+            self.hits[self.source] += 1
+            self.tokens_saved += tokens
 
     def _load_from_disk(self, model, tokens, served: int) -> bool:
         try:

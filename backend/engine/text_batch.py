@@ -131,6 +131,7 @@ class TextBatch:
             else:  # the longest entry short of the whole key: an end-of-prompt snapshot is one
                 cache, rest = self.cache.fetch_nearest_cache(self.lm.epoch, key[:-1])
                 rest = list(rest) + key[-1:]
+        self.cache.count_hit(len(key) - len(rest) if cache is not None else 0)
         return cache, rest
 
     def _guarded(self, sampling: SamplingParams, extra: List[Any], on_error: Callable[[Exception], None]):
