@@ -1,4 +1,4 @@
-"""The prefix cache's disk tier (engine/prompt_store.py), without a server: the file format
+"""The prefix cache's disk tier (engine/prompt_store.py, disk_tier.py, cache_files.py), without a server: the file format
 round-trips every cache kind bit for bit, torn files are skipped and removed, the byte
 budget holds, two stores sharing a folder serve each other's files, and another model,
 adapter scale, dtype or KV cache type never matches."""
@@ -17,8 +17,10 @@ mx = pytest.importorskip("mlx.core")
 from mlx.utils import tree_flatten  # noqa: E402
 from mlx_lm.models.cache import CacheList, KVCache, RotatingKVCache, make_prompt_cache  # noqa: E402
 
-from engine import prompt_store  # noqa: E402
-from engine.prompt_store import DiskTier, PromptStore, decode_cache, encode_cache, fingerprint  # noqa: E402
+from engine import disk_tier  # noqa: E402
+from engine.cache_files import decode_cache, encode_cache, fingerprint  # noqa: E402
+from engine.disk_tier import DiskTier  # noqa: E402
+from engine.prompt_store import PromptStore  # noqa: E402
 from family_models import FAMILIES, build  # noqa: E402
 from loaders import kv_cache  # noqa: E402
 from loaders.adapt_options import KVSpec  # noqa: E402
@@ -135,7 +137,7 @@ def _store(root, fp="m" * 32, budget=1 << 30, entries=2):
 
 
 def _drain():
-    assert prompt_store.drain_all(30)
+    assert disk_tier.drain_all(30)
 
 
 def test_evicted_entries_come_back_from_disk(tmp_path):
@@ -214,8 +216,8 @@ import sys
 sys.path[:0] = sys.argv[3:]
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
-from engine import prompt_store
-tier = prompt_store.DiskTier(__import__("pathlib").Path(sys.argv[1]), "p" * 32, 1 << 40)
+from engine import disk_tier
+tier = disk_tier.DiskTier(__import__("pathlib").Path(sys.argv[1]), "p" * 32, 1 << 40)
 for i in range(int(sys.argv[2])):
     tokens = [7, i % 5] + list(range(200))
     c = KVCache()
@@ -223,7 +225,7 @@ for i in range(int(sys.argv[2])):
     c.update_and_fetch(x, x)
     c.keys, c.values = mx.array(x), mx.array(x)
     tier.save(tokens, [c], "assistant")
-    prompt_store.drain_all(30)
+    disk_tier.drain_all(30)
 """
 
 

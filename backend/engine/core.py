@@ -156,7 +156,7 @@ class EngineConfig:
     prefill_batch_size: int = 8
     prompt_cache_bytes: int = field(default_factory=_default_prompt_cache_bytes)
     prompt_cache_entries: int = 64
-    prompt_cache_disk_bytes: Optional[int] = None  # disk tier (prompt_store); None: 4 GiB or less by free space, 0: off
+    prompt_cache_disk_bytes: Optional[int] = None  # disk tier (disk_tier.py); None: 4 GiB or less by free space, 0: off
     forward_chunk_tokens: int = 0  # 0: a causal LM's prefill chunk, 1024 for an encoder
     max_waiting: int = 128  # requests queued beyond the batch's free places; more are refused
     kv_budget_bytes: Optional[int] = None  # KV bytes running requests may reserve; None: from memory, 0: no bound
@@ -485,9 +485,9 @@ class Engine:
     def _keep_prompt_cache(self) -> None:
         """Let the prefix cache's disk writes finish, within the engine's stop time (backend.py
         joins this thread for ENGINE_STOP_S): the most recently used entries were queued first."""
-        from engine import prompt_store
+        from engine import disk_tier
 
-        if not prompt_store.drain_all(PROMPT_CACHE_DRAIN_S):
+        if not disk_tier.drain_all(PROMPT_CACHE_DRAIN_S):
             log.warning("prompt cache: shutting down with disk writes still queued")
 
     # ---- a request's way through ----------------------------------------------
@@ -669,10 +669,10 @@ class Engine:
 
     def _disk_bytes(self) -> int:
         """The prefix cache's disk budget (0: no disk tier)."""
-        from engine import prompt_store
+        from engine import disk_tier
 
         budget = self.config.prompt_cache_disk_bytes
-        return prompt_store.default_disk_bytes(prompt_store.folder_root()) if budget is None else budget
+        return disk_tier.default_disk_bytes(disk_tier.folder_root()) if budget is None else budget
 
     @staticmethod
     def _sampling_failed(slot: _Slot, e: Exception) -> None:

@@ -1,0 +1,237 @@
+"""The prefix cache's files: one entry per safetensors file, and the model's fingerprint.
+
+Each file holds one entry's arrays and, in its safetensors metadata, its tokens and
+how to rebuild its cache objects, mlx-lm's classes and ours (loaders/kv_cache.py)
+alike (mlx-lm's own loader finds classes in its module only). Files appear by atomic
+rename of a uniquely named temporary file in the same folder (fsync first), so
+processes sharing a folder never see a partial one. The fingerprint keys a folder to
+the model as loaded (weights by name, size and mtime, config, dtype, adapters and
+their scales, KV cache type). Any thread.
+"""
+
+import base64
+import hashlib
+import json
+import os
+import struct
+import uuid
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models import cache as lm_cache
+
+FORMAT = "mlx-backend-prompt-cache/1"
+SUFFIX = ".safetensors"
+
+# ---- the model's fingerprint ------------------------------------------------
+
+
+def _files_of(source: str) -> List[Tuple[str, int, int]]:
+    """(name, size, mtime_ns) of the weights and config files: what changes when the model does."""
+    path = Path(source)
+    try:
+        if path.is_file():
+            st = path.stat()
+            return [(path.name, st.st_size, st.st_mtime_ns)]
+        if path.is_dir():
+            out = []
+            for entry in sorted(os.scandir(path), key=lambda e: e.name):
+                if entry.is_file() and entry.name.endswith((".safetensors", ".json", ".gguf", ".npz")):
+                    st = entry.stat()
+                    out.append((entry.name, st.st_size, st.st_mtime_ns))
+            return out
+    except OSError:
+        pass
+    return []  # a hub id: the name and config below still tell models apart
+
+
+def fingerprint(lm) -> str:
+    """A key for everything about the loaded model that changes its KV cache.
+
+    Cheap on purpose (a listing and a stat per file, no weight read: well under
+    a millisecond for a model directory), and computed when the batch is built,
+    not in LoadModel. Adapter directories are stat'ed the same way.
+    """
+    kv = getattr(lm, "kv", None)
+    parts = {
+        "format": FORMAT,
+        "source": os.path.abspath(lm.source) if os.path.exists(lm.source) else lm.source,
+        "files": _files_of(lm.source),
+        "config": lm.config,
+        "dtype": lm.dtype,
+        "kind": getattr(lm, "kind", "text"),
+        "adapters": [(os.path.abspath(a), _files_of(a)) for a in getattr(lm, "adapters", [])],
+        "adapter_scales": list(getattr(lm, "adapter_scales", [])),
+        "kv": None if kv is None else [kv.bits, kv.group_size, kv.dtype],
+    }
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+# ---- cache objects <-> arrays and a description ------------------------------
+
+
+def _class_tag(layer) -> Optional[str]:
+    """How a cache class is named in the file (None: a class this format does not know)."""
+    from loaders import kv_cache
+
+    cls = type(layer)
+    if isinstance(layer, kv_cache.CastRow):
+        return f"cast:{str(cls.dtype).rsplit('.', 1)[-1]}"
+    if cls is kv_cache.QuantizedRow:
+        return "ours:QuantizedRow"
+    if getattr(lm_cache, cls.__name__, None) is cls:
+        return f"mlx_lm:{cls.__name__}"
+    return None
+
+
+def _class_of(tag: str):
+    from loaders import kv_cache
+
+    kind, name = tag.split(":", 1)
+    if kind == "cast":
+        return kv_cache._row_class(getattr(mx, name))
+    if kind == "ours" and name == "QuantizedRow":
+        return kv_cache.QuantizedRow
+    if kind == "mlx_lm" and isinstance(getattr(lm_cache, name, None), type):
+        return getattr(lm_cache, name)
+    raise ValueError(f"unknown cache class {tag!r}")
+
+
+def _encode(value, arrays: Dict[str, mx.array]):
+    """A state (nested tuples and lists of arrays and scalars) as JSON, its arrays set aside."""
+    if isinstance(value, mx.array):
+        key = f"a{len(arrays)}"
+        arrays[key] = value
+        return {"a": key}
+    if value is None:
+        return {"n": 0}
+    if isinstance(value, bool):
+        return {"b": value}
+    if isinstance(value, int):
+        return {"i": value}
+    if isinstance(value, float):
+        return {"f": value}
+    if isinstance(value, str):
+        return {"s": value}
+    if isinstance(value, tuple):
+        return {"t": [_encode(v, arrays) for v in value]}
+    if isinstance(value, list):
+        return {"l": [_encode(v, arrays) for v in value]}
+    raise ValueError(f"a cache state holds a {type(value).__name__}")
+
+
+def _decode(node, arrays: Dict[str, mx.array]):
+    (kind, v), = node.items()
+    if kind == "a":
+        return arrays[v]
+    if kind == "n":
+        return None
+    if kind in ("b", "i", "f", "s"):
+        return v
+    if kind == "t":
+        return tuple(_decode(x, arrays) for x in v)
+    if kind == "l":
+        return [_decode(x, arrays) for x in v]
+    raise ValueError(f"unknown node {kind!r}")
+
+
+def _describe(layer, arrays: Dict[str, mx.array]) -> dict:
+    tag = _class_tag(layer)
+    if tag is None:
+        raise ValueError(f"{type(layer).__name__} is not kept on disk")
+    if isinstance(layer, lm_cache.CacheList):  # its own state names classes in mlx-lm's module only
+        return {"c": tag, "parts": [_describe(c, arrays) for c in layer.caches]}
+    return {"c": tag, "state": _encode(layer.state, arrays)}
+
+
+def _rebuild(node: dict, arrays: Dict[str, mx.array]):
+    cls = _class_of(node["c"])
+    if cls is lm_cache.CacheList:
+        return lm_cache.CacheList(*(_rebuild(p, arrays) for p in node["parts"]))
+    layer = cls.__new__(cls)  # as mlx-lm's from_state: no __init__, the state is everything
+    layer.state = _decode(node["state"], arrays)
+    return layer
+
+
+def encode_cache(cache: List[Any]) -> Tuple[Dict[str, mx.array], str]:
+    """A per-layer cache as (arrays, JSON description); ValueError for a class not kept on disk."""
+    arrays: Dict[str, mx.array] = {}
+    layers = [_describe(layer, arrays) for layer in cache]
+    return arrays, json.dumps(layers)
+
+
+def decode_cache(arrays: Dict[str, mx.array], description: str) -> List[Any]:
+    return [_rebuild(node, arrays) for node in json.loads(description)]
+
+
+def tokens_text(tokens: List[int]) -> str:
+    return base64.b64encode(np.asarray(tokens, dtype="<i4").tobytes()).decode("ascii")
+
+
+def tokens_of(text: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(text), dtype="<i4")
+
+
+def file_name(tokens: List[int]) -> str:
+    return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()[:40] + SUFFIX
+
+
+def read_header(path: Path) -> dict:
+    """A safetensors file's metadata, read without its arrays (8-byte length, then JSON)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise ValueError("short header")
+        (n,) = struct.unpack("<Q", head)
+        if n > 1 << 28:
+            raise ValueError("header too long")
+        body = f.read(n)
+        if len(body) != n:
+            raise ValueError("short header")
+        size = os.fstat(f.fileno()).st_size
+    header = json.loads(body)
+    meta = header.get("__metadata__") or {}
+    # A torn file keeps its header: check that the arrays it names all fit in the file.
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end > size:
+        raise ValueError("truncated")
+    return meta
+
+
+def write_atomically(folder: Path, name: str, arrays: Dict[str, mx.array], metadata: Dict[str, str]) -> int:
+    """Write one entry as `folder/name`: unique temporary file, fsync, rename. Its size in bytes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp{SUFFIX}"
+    try:
+        mx.save_safetensors(str(tmp), arrays, metadata)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        size = tmp.stat().st_size
+        os.replace(tmp, folder / name)
+    except BaseException:
+        remove_file(tmp)
+        raise
+    try:  # the rename itself survives a crash once the folder is synced
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+    return size
+
+
+def remove_file(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass  # another process removed it first
+
+
