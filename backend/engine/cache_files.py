@@ -1,15 +1,20 @@
 """The prefix cache's files: one entry per safetensors file, and the model's fingerprint.
 
 Each file holds one entry's arrays and, in its safetensors metadata, its tokens and
-how to rebuild its cache objects, mlx-lm's classes and ours (loaders/kv_cache.py)
-alike (mlx-lm's own loader finds classes in its module only). Files appear by atomic
-rename of a uniquely named temporary file in the same folder (fsync first), so
-processes sharing a folder never see a partial one. The fingerprint keys a folder to
+how to rebuild its cache objects, mlx-lm's classes and ours (loaders/kv_cache.py,
+a vision model's MediaState) alike (mlx-lm's own loader finds classes in its module
+only). Tokens are little-endian int64, in the metadata and in the file name's hash:
+a vision model's prompts are keyed with their media tokens replaced by negative
+62-bit content hashes (media.keyed_tokens), which int32 cannot hold. Files appear
+by atomic rename of a uniquely named temporary file in the same folder (fsync
+first), so processes sharing a folder never see a partial one. The fingerprint keys a folder to
 the model as loaded (weights by name, size and mtime, config, dtype, adapters and
-their scales, KV cache type). Any thread.
+their scales, KV cache type, a vision model's video frame sampling, the library
+versions). Any thread.
 """
 
 import base64
+import functools
 import hashlib
 import json
 import os
@@ -22,8 +27,12 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models import cache as lm_cache
 
-FORMAT = "mlx-backend-prompt-cache/1"
+# 2: tokens as int64 (1 had int32). The format is part of the fingerprint, so files of
+# format 1 sit in folders of other fingerprints: never read, and the first removed by the
+# byte budget (least recently used).
+FORMAT = "mlx-backend-prompt-cache/2"
 SUFFIX = ".safetensors"
+TOKEN_DTYPE = "<i8"
 
 # ---- the model's fingerprint ------------------------------------------------
 
@@ -47,21 +56,44 @@ def _files_of(source: str) -> List[Tuple[str, int, int]]:
     return []  # a hub id: the name and config below still tell models apart
 
 
+@functools.lru_cache(maxsize=None)
+def _versions(kind: str) -> Dict[str, str]:
+    """The libraries whose code computes the cache: an upgrade may change it bit for bit
+    (for a vision model, the image processor too). Once per process: 2-3 ms measured here."""
+    from importlib import metadata
+
+    names = ["mlx", "mlx-lm"] + (["mlx-vlm", "transformers"] if kind == "vision" else [])
+    out = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = ""
+    return out
+
+
 def fingerprint(lm) -> str:
     """A key for everything about the loaded model that changes its KV cache.
 
     Cheap on purpose (a listing and a stat per file, no weight read: well under
     a millisecond for a model directory), and computed when the batch is built,
-    not in LoadModel. Adapter directories are stat'ed the same way.
+    not in LoadModel. Adapter directories are stat'ed the same way. A vision model's
+    processor files are in its directory (its .json files) and its vision config in
+    `config`; the processor's library versions and its video frame sampling are added.
     """
     kv = getattr(lm, "kv", None)
+    kind = getattr(lm, "kind", "text")
+    vision = getattr(lm, "vision", None)
     parts = {
         "format": FORMAT,
         "source": os.path.abspath(lm.source) if os.path.exists(lm.source) else lm.source,
         "files": _files_of(lm.source),
         "config": lm.config,
         "dtype": lm.dtype,
-        "kind": getattr(lm, "kind", "text"),
+        "kind": kind,
+        # The same video bytes (the same key) give other frames under other sampling options.
+        "media": None if vision is None else getattr(vision, "extra", None),
+        "versions": _versions(kind),
         "adapters": [(os.path.abspath(a), _files_of(a)) for a in getattr(lm, "adapters", [])],
         "adapter_scales": list(getattr(lm, "adapter_scales", [])),
         "kv": None if kv is None else [kv.bits, kv.group_size, kv.dtype],
@@ -76,8 +108,11 @@ def fingerprint(lm) -> str:
 def _class_tag(layer) -> Optional[str]:
     """How a cache class is named in the file (None: a class this format does not know)."""
     from loaders import kv_cache
+    from loaders.vision_model import MediaState
 
     cls = type(layer)
+    if cls is MediaState:
+        return "ours:MediaState"
     if isinstance(layer, kv_cache.CastRow):
         return f"cast:{str(cls.dtype).rsplit('.', 1)[-1]}"
     if cls is kv_cache.QuantizedRow:
@@ -89,8 +124,11 @@ def _class_tag(layer) -> Optional[str]:
 
 def _class_of(tag: str):
     from loaders import kv_cache
+    from loaders.vision_model import MediaState
 
     kind, name = tag.split(":", 1)
+    if kind == "ours" and name == "MediaState":
+        return MediaState
     if kind == "cast":
         return kv_cache._row_class(getattr(mx, name))
     if kind == "ours" and name == "QuantizedRow":
@@ -144,6 +182,8 @@ def _describe(layer, arrays: Dict[str, mx.array]) -> dict:
         raise ValueError(f"{type(layer).__name__} is not kept on disk")
     if isinstance(layer, lm_cache.CacheList):  # its own state names classes in mlx-lm's module only
         return {"c": tag, "parts": [_describe(c, arrays) for c in layer.caches]}
+    if tag == "ours:MediaState":  # no arrays: per row, the mRoPE delta and the media-keyed prompt
+        return {"c": tag, "deltas": [int(d) for d in layer.deltas], "keys": [tokens_text(k) for k in layer.keys]}
     return {"c": tag, "state": _encode(layer.state, arrays)}
 
 
@@ -151,6 +191,11 @@ def _rebuild(node: dict, arrays: Dict[str, mx.array]):
     cls = _class_of(node["c"])
     if cls is lm_cache.CacheList:
         return lm_cache.CacheList(*(_rebuild(p, arrays) for p in node["parts"]))
+    if node["c"] == "ours:MediaState":
+        layer = cls.__new__(cls)  # its __init__ would make an empty row list one row
+        layer.deltas = [int(d) for d in node["deltas"]]
+        layer.keys = [[int(t) for t in tokens_of(k)] for k in node["keys"]]
+        return layer
     layer = cls.__new__(cls)  # as mlx-lm's from_state: no __init__, the state is everything
     layer.state = _decode(node["state"], arrays)
     return layer
@@ -168,15 +213,15 @@ def decode_cache(arrays: Dict[str, mx.array], description: str) -> List[Any]:
 
 
 def tokens_text(tokens: List[int]) -> str:
-    return base64.b64encode(np.asarray(tokens, dtype="<i4").tobytes()).decode("ascii")
+    return base64.b64encode(np.asarray(tokens, dtype=TOKEN_DTYPE).tobytes()).decode("ascii")
 
 
 def tokens_of(text: str) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(text), dtype="<i4")
+    return np.frombuffer(base64.b64decode(text), dtype=TOKEN_DTYPE)
 
 
 def file_name(tokens: List[int]) -> str:
-    return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).hexdigest()[:40] + SUFFIX
+    return hashlib.sha256(np.asarray(tokens, dtype=TOKEN_DTYPE).tobytes()).hexdigest()[:40] + SUFFIX
 
 
 def read_header(path: Path) -> dict:

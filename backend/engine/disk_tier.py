@@ -335,7 +335,7 @@ class DiskTier:
         """Queue one entry for writing (an existing file is only marked as used); False when
         this entry cannot be kept on disk."""
         if not tokens or not all(isinstance(t, int) for t in tokens):
-            return False  # a vision prompt's keys hold image digests
+            return False  # (a vision prompt's media keys are ints too: negative 62-bit hashes)
         name = file_name(tokens)
         path = self.folder / name
         if name in self._index and path.exists():

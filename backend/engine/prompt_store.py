@@ -134,10 +134,20 @@ class PromptStore(LRUPromptCache):
         return out
 
 
+# The kinds of model whose prefix cache goes to disk. A vision model's entries are keyed by
+# the prompt with its media tokens replaced by content hashes (media.keyed_tokens), and the
+# fingerprint holds its processor files and frame sampling: a file matches only the same
+# images in the same prompt, as in memory. An entry whose cache holds a class the file
+# format cannot rebuild (mlx-vlm's own cache classes, which some of its language models
+# make) stays in memory only (DiskTier.save refuses it). Embedding and reranking models
+# keep no prefix cache.
+DISK_KINDS = ("text", "vision")
+
+
 def make_store(lm, max_size: int, max_bytes: int, disk_bytes: int) -> PromptStore:
     """The prefix cache of `lm`: a disk tier when `disk_bytes` > 0 and the folder can be made."""
     disk = None
-    if disk_bytes > 0 and getattr(lm, "kind", "text") == "text":
+    if disk_bytes > 0 and getattr(lm, "kind", "text") in DISK_KINDS:
         root = folder_root()
         try:
             root.mkdir(parents=True, exist_ok=True)

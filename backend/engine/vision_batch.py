@@ -17,7 +17,12 @@ tower once). Our uids are our own: the batch generator's are mapped to them.
 
 The prefix cache is keyed by the prompt with its media tokens replaced by
 content hashes (media.keyed_tokens): a repeated image with the same prompt
-prefix is warm, a different image never matches. Engine thread only.
+prefix is warm, a different image never matches, in memory and on disk alike.
+A cache read back from a file (engine/prompt_store.py) is one from memory:
+`cached` counts the key's tokens it serves (the key is as long as the prompt),
+the prefill starts there, positions and the mRoPE delta come from the whole
+prompt, and its MediaState is set anew for this request before it joins the
+batch (`_first`). Engine thread only.
 """
 
 import inspect
