@@ -137,3 +137,23 @@ def test_the_fingerprint_tells_vision_models_and_their_video_options_apart():
     # Frame sampling changes what the same video bytes (the same key) put in the cache.
     other = replace(lm, vision=replace(lm.vision, extra={**lm.vision.extra, "fps": 0.5}))
     assert fingerprint(other) != base
+
+
+def test_a_file_of_format_1_is_never_served(tmp_path):
+    """Format 1 held int32 tokens. Its files sit under other fingerprints (the format is part of
+    one); one found in a folder of this format is not served, and removed."""
+    import base64
+
+    lm = _model(FAMILIES[0])
+    cache, key = _prefilled(lm)
+    text = [t for t in key if t >= 0][:12]
+    fp = fingerprint(lm)
+    folder = tmp_path / fp
+    folder.mkdir()
+    arrays, layers = encode_cache(cache)
+    old = base64.b64encode(np.asarray(text, dtype="<i4").tobytes()).decode("ascii")
+    mx.save_safetensors(str(folder / "old.safetensors"), arrays,
+                        {"format": "mlx-backend-prompt-cache/1", "fingerprint": fp, "tokens": old,
+                         "trimmable": "1", "cache_type": "assistant", "layers": layers})
+    assert DiskTier(tmp_path, fp, 1 << 30).best(text + [1], 0) is None
+    assert not (folder / "old.safetensors").exists()
