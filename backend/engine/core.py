@@ -415,6 +415,8 @@ class Engine:
         """Hand this step's events to their loops: one wake-up per loop, not one per token."""
         if not self._outbox:
             return
+        if not self.busy and getattr(self, "_mx", None) is not None:  # the last events: what Status reads is current first
+            self._update_memory()
         batch, self._outbox = self._outbox, []
         by_loop: Dict[Any, list] = {}
         for sink, event in batch:
