@@ -32,9 +32,11 @@ import argparse
 import itertools
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -409,8 +411,11 @@ def main() -> None:
     began = time.monotonic()
     log = open(args.log, "ab")
     raw = start_raw(args.prefill_step, log)  # loads while the server starts
+    # Its own prefix-cache folder, removed after: files an earlier run left (the disk tier is on
+    # by default, and these prompts are the same every run) would make a cold measure warm.
+    folder = tempfile.mkdtemp(prefix="bench-prompt-cache-")
     try:
-        with Backend(log_path=args.log) as b:
+        with Backend(log_path=args.log, env={"MLX_BACKEND_PROMPT_CACHE_DIR": folder}) as b:
             stub = b.stub
             # Plain decoding against plain decoding: speculation has its own bench (bench_spec.py).
             loaded = b.load("", Options=[f"prefill_step_size:{args.prefill_step}", "speculation:off"])
@@ -452,6 +457,7 @@ def main() -> None:
             raw.stdin.close()
             raw.wait(30)
         log.close()
+        shutil.rmtree(folder, ignore_errors=True)
 
     summary = summarise(rounds)
     summary["e_p50"] = {"ours_median": health[len(health) // 2]}

@@ -31,6 +31,7 @@ every prompt). Sides run one at a time, alternating which goes first.
 """
 
 import argparse
+import atexit
 import json
 import os
 import random
@@ -272,10 +273,18 @@ def second_turn_round(r, stub, pb, raw, case, doc_notes, nonces, bias=""):
             "extends": int(warm_ids[:len(held)] == held)}
 
 
+RUN_FOLDER = tempfile.mkdtemp(prefix="bench-prefix-run-")
+atexit.register(shutil.rmtree, RUN_FOLDER, True)
+
+
 def serve(model_dir, log_path, env=None, options=()):
     """A started server with `model_dir` loaded: (backend, start-up s, LoadModel s)."""
     from common.launcher import Backend
 
+    # The prefix cache's files go where the scenario says (the restart's folder), else to
+    # this run's own folder: never where an earlier run left files a cold measure would hit.
+    env = dict(env or {})
+    env["MLX_BACKEND_PROMPT_CACHE_DIR"] = os.path.join(env.get("MLX_BACKEND_CACHE_DIR", RUN_FOLDER), "prompt-cache")
     t0 = time.perf_counter()
     b = Backend(env=env, log_path=log_path)
     b.wait_healthy(120)
