@@ -45,9 +45,10 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(REPO, "backend"), os.path.join(REPO, "tests"), REPO]
 
+from bench import paired as pair, settle  # noqa: E402  (one side at a time, as the main bench)
+
 REPLY_TOKENS = 24  # the first turn's reply
 MEASURE_TOKENS = 4  # a measured request decodes a few tokens, as a chat does (TTFT is its first reply)
-SETTLE_S = 0.5
 STEP = 128  # our server's default prefill chunk on the CPU (engine/core.py); raw mlx-lm prefills alike
 
 # Bench-sized random models: a cold prefill of ~1000 tokens takes ~1 s or more here.
@@ -215,19 +216,6 @@ def ours(stub, pb, messages, tokens=MEASURE_TOKENS, logprobs=False, bias=""):
 
 def ids_of(stub, pb, messages):
     return list(stub.TokenizeString(chat_request(pb, messages, 1), timeout=60).tokens)
-
-
-def settle():
-    time.sleep(SETTLE_S)
-
-
-def pair(raw_first, ours_fn, raw_fn):
-    """(ours result, raw result), one side at a time."""
-    settle()
-    a = raw_fn() if raw_first else ours_fn()
-    settle()
-    b = ours_fn() if raw_first else raw_fn()
-    return (b, a) if raw_first else (a, b)
 
 
 # ---- (h) and (p): a chat's second turn ----------------------------------------------

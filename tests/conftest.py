@@ -87,3 +87,23 @@ def server(log_dir):
 @pytest.fixture
 def stub(server):
     return server.stub
+
+
+def after_restart(root, log_dir, name, first_work):
+    """Fixture body: a server on the prefix-cache folder under `root` runs `first_work(server)`
+    and is stopped with SIGTERM (its warm entries written within the grace); yields
+    (a second server started on the same folder, its log path), stopped afterwards."""
+    env = {"MLX_BACKEND_CACHE_DIR": str(root), "MLX_BACKEND_PROMPT_CACHE_DIR": str(root / "prompt-cache")}
+    first = Backend(env=env, log_path=str(log_dir / f"{name}-first.log"))
+    try:
+        first.wait_healthy()
+        first_work(first)
+    finally:
+        assert first.stop() == 0
+    second_log = log_dir / f"{name}-second.log"
+    second = Backend(env=env, log_path=str(second_log))
+    try:
+        second.wait_healthy()
+        yield second, second_log
+    finally:
+        second.stop()

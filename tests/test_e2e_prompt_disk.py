@@ -14,8 +14,8 @@ import re
 
 import pytest
 
-from common.launcher import Backend, backend_pb2
-from conftest import completion_line
+from common.launcher import backend_pb2
+from conftest import after_restart, completion_line
 from family_models import FAMILIES, build
 from family_oracle import Oracle, agrees, job
 
@@ -53,22 +53,12 @@ def oracle():
 @pytest.fixture(scope="module")
 def restarted(tmp_path_factory, log_dir, oracle):
     """The second server, after the first served FIRST for every family and was stopped."""
-    root = tmp_path_factory.mktemp("backend-cache")
-    env = {"MLX_BACKEND_CACHE_DIR": str(root), "MLX_BACKEND_PROMPT_CACHE_DIR": str(root / "prompt-cache")}
-    first = Backend(env=env, log_path=str(log_dir / "disk-first.log"))
-    try:
-        first.wait_healthy()
+    def first_work(first):
         for family in FAMILIES:
             _load(first, family)  # a swap keeps the previous family's entries on disk
             _predict(first, FIRST, f"{family}-first", tokens=1)  # the entry: exactly FIRST's tokens
-    finally:
-        assert first.stop() == 0  # SIGTERM: the last family's entries are written within the grace
-    second = Backend(env=env, log_path=str(log_dir / "disk-second.log"))
-    try:
-        second.wait_healthy()
-        yield second, log_dir / "disk-second.log"
-    finally:
-        second.stop()
+
+    yield from after_restart(tmp_path_factory.mktemp("backend-cache"), log_dir, "disk", first_work)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -13,7 +13,8 @@ import json
 
 import pytest
 
-from common.launcher import Backend, backend_pb2
+from common.launcher import backend_pb2
+from conftest import after_restart
 from media import MEDIA_MARKER
 from test_e2e_prompt_disk import cached_tokens
 from vision_fixture import image_b64, tiny_vision
@@ -51,22 +52,12 @@ def _keys(family):
 @pytest.fixture(scope="module")
 def restarted(tmp_path_factory, log_dir):
     """The second server, after the first served FIRST with image 1 for every family and was stopped."""
-    root = tmp_path_factory.mktemp("vision-cache")
-    env = {"MLX_BACKEND_CACHE_DIR": str(root), "MLX_BACKEND_PROMPT_CACHE_DIR": str(root / "prompt-cache")}
-    first = Backend(env=env, log_path=str(log_dir / "vision-disk-first.log"))
-    try:
-        first.wait_healthy()
+    def first_work(first):
         for family in FAMILIES:
             _load(first, family)  # a swap keeps the previous family's entries on disk
             _predict(first, FIRST, 1, f"{family}-first", tokens=1)
-    finally:
-        assert first.stop() == 0  # SIGTERM: the last family's entries are written within the grace
-    second = Backend(env=env, log_path=str(log_dir / "vision-disk-second.log"))
-    try:
-        second.wait_healthy()
-        yield second, log_dir / "vision-disk-second.log"
-    finally:
-        second.stop()
+
+    yield from after_restart(tmp_path_factory.mktemp("vision-cache"), log_dir, "vision-disk", first_work)
 
 
 def _ids_and_logprobs(reply):
