@@ -19,9 +19,22 @@ from common.launcher import Backend  # noqa: E402
 # The prefix cache's disk tier is on by default: every server this run starts keeps its
 # prompt caches in this run's own folder, never in the user's (an earlier run's files would
 # make a cold request warm), and the folder goes with the run.
+# Each server gets a folder of its own under it (unless its test names one): a server sharing
+# another's files would serve a request warm that the test means as cold, depending on the order
+# the tests ran in (a reversed run found one).
 _PROMPT_CACHE = tempfile.mkdtemp(prefix="mlx-backend-prompt-cache-")
 os.environ["MLX_BACKEND_PROMPT_CACHE_DIR"] = _PROMPT_CACHE
 atexit.register(shutil.rmtree, _PROMPT_CACHE, True)
+_start = Backend.__init__
+
+
+def _own_prompt_cache(self, env=None, *args, **kwargs):
+    env = dict(env or {})
+    env.setdefault("MLX_BACKEND_PROMPT_CACHE_DIR", tempfile.mkdtemp(dir=_PROMPT_CACHE))
+    _start(self, env, *args, **kwargs)
+
+
+Backend.__init__ = _own_prompt_cache
 
 # Every run draws the same examples (a red run can be replayed as it was), and no example is
 # judged by wall time: this machine is shared, a slow example is not a failing one.
