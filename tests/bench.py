@@ -117,6 +117,12 @@ def raw_child(step: int) -> None:
         return {"ttft": time.perf_counter() - t0, "chunks": chunks}
 
     ops = {"decode": decode, "batch": batch, "prefill": prefill}
+    answer(ops, dtype, out)
+
+
+
+def answer(ops, dtype, out) -> None:
+    """A raw child's side of the pipe: its dtype, then one JSON reply per command until quit."""
     out.write(json.dumps({"dtype": dtype or "native"}) + "\n")
     out.flush()
     for line in sys.stdin:
@@ -125,7 +131,6 @@ def raw_child(step: int) -> None:
             break
         out.write(json.dumps(ops[cmd.pop("fn")](**cmd)) + "\n")
         out.flush()
-
 
 def served_as(log_path: str) -> str:
     """The model, dtype and context our server logged at its last load (LoadModel's answer says only "loaded")."""

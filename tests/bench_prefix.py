@@ -45,7 +45,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(REPO, "backend"), os.path.join(REPO, "tests"), REPO]
 
-from bench import paired as pair, settle  # noqa: E402  (one side at a time, as the main bench)
+from bench import answer, paired as pair, settle  # noqa: E402  (one side at a time, as the main bench)
 
 REPLY_TOKENS = 24  # the first turn's reply
 MEASURE_TOKENS = 4  # a measured request decodes a few tokens, as a chat does (TTFT is its first reply)
@@ -130,14 +130,7 @@ def raw_child(model_dir: str, cast: bool) -> None:
         return {}
 
     ops = {"first_token": first_token, "remember": remember}
-    out.write(json.dumps({"dtype": dtype or "native"}) + "\n")
-    out.flush()
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        if cmd.pop("op") == "quit":
-            break
-        out.write(json.dumps(ops[cmd.pop("fn")](**cmd)) + "\n")
-        out.flush()
+    answer(ops, dtype, out)
 
 
 class Raw:
