@@ -59,6 +59,27 @@ class LoadSpec:
         self.options = load_options.settings(self.options)
 
 
+@dataclass(frozen=True)
+class Serves:
+    """What a loaded model serves: the servicer asks this, never which library or kind serves it."""
+    what: str  # how refusals name the model: "a causal language model", "an embedding model", ...
+    generate: bool  # Predict, PredictStream (and a chat template for TokenizeString)
+    embed: bool  # Embedding
+    score: bool  # Score
+    rerank: bool  # Rerank
+    media: Tuple[str, ...] = ()  # what a Predict may carry besides text: "image", "video"
+
+
+# By the loader that built the model (LoadedModel.kind); only loaders set a kind.
+SERVES = {
+    "text": Serves("a causal language model", generate=True, embed=True, score=True, rerank=True),
+    "vision": Serves("a vision model", generate=True, embed=False, score=False, rerank=False,
+                     media=("image", "video")),
+    "embedding": Serves("an embedding model", generate=False, embed=True, score=False, rerank=True),
+    "reranker": Serves("a cross-encoder reranker", generate=False, embed=False, score=False, rerank=True),
+}
+
+
 @dataclass
 class LoadedModel:
     name: str
@@ -87,6 +108,10 @@ class LoadedModel:
     kind: str = "text"
     vision: Any = None  # vision_model.VisionParts of a vision model
     embedding: Any = None  # embed_loader.EmbeddingSpec: pooling and normalisation
+
+    @property
+    def serves(self) -> Serves:
+        return SERVES[self.kind]
 
     def detokenizer(self):
         """A fresh streaming detokenizer that keeps every character.
