@@ -1,4 +1,4 @@
-"""End-to-end: LocalAI's way of starting a backend folder, the README's model YAML, standard gRPC services."""
+"""End-to-end: LocalAI's way of starting a backend folder, the model YAML of docs/localai.md, standard gRPC services."""
 
 import json
 import os
@@ -29,7 +29,7 @@ UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
 
 @pytest.fixture(scope="module")
 def models_folder(tmp_path_factory):
-    """A LocalAI models folder holding what the README's examples name."""
+    """A LocalAI models folder holding what the examples in docs/localai.md name."""
     from loaders.model_loader import embedded_default
     from models import thinking_model_dir
 
@@ -124,12 +124,12 @@ def test_sigterm_mid_stream_exits_before_the_hosts_kill_deadline(tmp_path, log_d
             proc.wait()
 
 
-# ---- the README's model YAML, as the host turns it into requests -------------------
+# ---- docs/localai.md's model YAML, as the host turns it into requests -----------
 
 
 def readme_examples():
-    text = (Path(REPO) / "README.md").read_text()
-    section = text.split("## Use it from LocalAI", 1)[1].split("\n## ", 1)[0]
+    text = (Path(REPO) / "docs" / "localai.md").read_text()
+    section = text.split("# Use it from LocalAI", 1)[1].split("\n## ", 1)[0]
     return [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", section, re.S)]
 
 
@@ -158,7 +158,7 @@ def host_predict_options(cfg, question: str) -> "backend_pb2.PredictOptions":
 
 def test_readme_model_yaml_loads_and_answers(models_folder, log_dir):
     examples = readme_examples()
-    assert len(examples) == 2, "the README's LocalAI examples changed: update this test"
+    assert len(examples) == 2, "the LocalAI examples in docs/localai.md changed: update this test"
     with Backend(log_path=str(log_dir / "localai-yaml.log")) as backend:
         for cfg in examples:
             assert cfg["backend"] == "mlx"
