@@ -40,23 +40,23 @@ test: install-test
 	$(PYTEST) -q tests
 	$(PY) backend/test.py
 
-# BENCH=prefix: only the prefix-cache scenarios (tests/bench_prefix.py, ~10 min); BENCH=all: both.
+# BENCH=prefix: only the prefix-cache scenarios (tests/bench/bench_prefix.py, ~10 min); BENCH=all: both.
 BENCH ?= main
 bench: install-test
-	$(if $(filter main all,$(BENCH)),$(PY) tests/bench.py)
-	$(if $(filter prefix all,$(BENCH)),$(PY) tests/bench_prefix.py $(BENCH_ARGS))
+	$(if $(filter main all,$(BENCH)),$(PY) tests/bench/bench.py)
+	$(if $(filter prefix all,$(BENCH)),$(PY) tests/bench/bench_prefix.py $(BENCH_ARGS))
 
 bench-adapt: install-test
-	$(PY) tests/bench_adapt.py
+	$(PY) tests/bench/bench_adapt.py
 bench-vision: install-test
-	$(PY) tests/bench_vision.py
+	$(PY) tests/bench/bench_vision.py
 bench-spec: install-test
-	$(PY) tests/bench_spec.py
+	$(PY) tests/bench/bench_spec.py
 bench-distributed: install-test
-	$(PY) tests/bench_distributed.py $(BENCH_ARGS)
+	$(PY) tests/bench/bench_distributed.py $(BENCH_ARGS)
 
 soak: install-test
-	SOAK_REQUESTS=300 $(PYTEST) -q -s tests/test_soak.py
+	SOAK_REQUESTS=300 $(PYTEST) -q -s tests/e2e/test_soak.py
 
 NAME ?= mlx
 localai-backend: install
@@ -68,4 +68,4 @@ clean:
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 bench-embed: install-test
-	$(PY) tests/bench_embed.py
+	$(PY) tests/bench/bench_embed.py

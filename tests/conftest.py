@@ -12,7 +12,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [os.path.join(REPO, "backend"), REPO]
+# The test folders (unit/, e2e/) import the shared support modules here (models, fixtures,
+# oracles) by bare name, as the benches under bench/ do.
+sys.path[:0] = [os.path.join(REPO, "backend"), REPO, os.path.dirname(os.path.abspath(__file__))]
 
 from common.launcher import Backend  # noqa: E402
 
@@ -120,3 +122,12 @@ def after_restart(root, log_dir, name, first_work):
         yield second, second_log
     finally:
         second.stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test under e2e/ is an e2e test (`make unit` deselects it) even if its module forgot
+    the mark; unit/ may still mark a single test e2e (test_ports: one test starts two servers)."""
+    e2e_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "e2e") + os.sep
+    for item in items:
+        if str(item.path).startswith(e2e_dir):
+            item.add_marker(pytest.mark.e2e)

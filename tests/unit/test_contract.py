@@ -1,5 +1,5 @@
 import os, sys  # noqa
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # noqa
 """backend.proto carries the host's field numbers and types exactly."""
 
 import backend_pb2

@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path[:0] = [os.path.join(REPO, "backend"), os.path.join(REPO, "tests"), REPO]
 
 from bench import answer, paired as pair, settle  # noqa: E402  (one side at a time, as the main bench)

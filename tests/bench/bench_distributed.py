@@ -8,7 +8,7 @@ For each group size it measures, in the same run and on the same model:
 - the communication inside one decode step: the raw all_sum of one hidden
   vector, timed on its own, times the all_sums one step makes (two per layer).
 
-    .venv/bin/python tests/bench_distributed.py [--model tiny|qwen|PATH] [--tokens N]
+    .venv/bin/python tests/bench/bench_distributed.py [--model tiny|qwen|PATH] [--tokens N]
 
 On one 2-core machine two ranks are slower than one (they share the cores
 and add a round trip per layer); the figure that matters is ours vs raw at
@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent / "backend"), str(HERE.parent), str(HERE)]
+REPO = HERE.parent.parent
+sys.path[:0] = [str(REPO / "backend"), str(REPO), str(HERE.parent)]
 
 from common.launcher import Backend, backend_pb2  # noqa: E402
 from dist_support import RankGroup, hostfile, tiny_llama_dir  # noqa: E402
@@ -83,7 +84,7 @@ def model_path(choice: str, workdir: Path) -> str:
 def raw(path: str, ranks: int, tokens: int, workdir: Path) -> dict:
     script = workdir / "raw.py"
     script.write_text(RAW)
-    args = [sys.executable, str(script), path, str(tokens), PROMPT, str(HERE.parent / "backend")]
+    args = [sys.executable, str(script), path, str(tokens), PROMPT, str(REPO / "backend")]
     env = dict(os.environ)
     if ranks > 1:
         env["MLX_HOSTFILE"] = hostfile(workdir / "raw-hosts.json", ["127.0.0.1"] * ranks)

@@ -3,6 +3,7 @@ results reach their calls, checked over random queues."""
 
 from types import SimpleNamespace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,16 +16,56 @@ pending = st.builds(lambda inputs, done, wanted: SimpleNamespace(
 
 
 def _reference(queue, budget):
-    """The same choice, written as a walk over every waiting input in order."""
+    """The rule stated as a search, not as take_rows' walk: of the waiting inputs in queue
+    order, the longest leading run whose padded size (rows x the widest row) fits the budget,
+    and the first input alone when none fits."""
     waiting = [(p, i) for p in queue if p.job.wanted for i in range(p.done, len(p.job.inputs))]
-    chosen, width = [], 0
-    for p, i in waiting:
-        w = max(width, len(p.job.inputs[i]))
-        if chosen and (len(chosen) + 1) * w > budget:
-            break
-        chosen.append((p, i))
-        width = w
-    return chosen
+
+    def padded(run):
+        return len(run) * max(len(p.job.inputs[i]) for p, i in run)
+
+    fitting = [k for k in range(1, len(waiting) + 1) if padded(waiting[:k]) <= budget]
+    return waiting[:max(fitting, default=min(1, len(waiting)))]
+
+
+def _job(lengths, wanted=True, done=0):
+    return SimpleNamespace(job=SimpleNamespace(inputs=[[0] * n for n in lengths], wanted=wanted), done=done)
+
+
+def _place(queue, p):
+    """p's place in the queue, by identity (two jobs alike compare equal)."""
+    return next(n for n, q in enumerate(queue) if q is p)
+
+
+# (each queued job's input lengths, wanted, done), budget -> the slices taken as (job, first, end).
+# Worked by hand from the rule: oldest inputs first, padded to the widest, one input at least.
+TAKE_TABLE = [
+    ([([3, 5, 2], True, 0)], 15, [(0, 0, 3)]),            # 3, 2x5=10, 3x5=15: all fit
+    ([([3, 5, 2], True, 0)], 14, [(0, 0, 2)]),            # the third would pad to 3x5=15
+    ([([40], True, 0)], 1, [(0, 0, 1)]),                  # too wide alone: taken alone anyway
+    ([([1, 1], False, 0), ([2, 2], True, 0)], 100, [(1, 0, 2)]),  # a job not wanted is passed over
+    ([([9, 2, 2], True, 1)], 4, [(0, 1, 3)]),             # from the first input not yet done
+    ([([4, 4], True, 0), ([1, 1, 1], True, 0)], 12, [(0, 0, 2), (1, 0, 1)]),  # 3 rows padded to 4
+    ([([1], True, 0), ([10], True, 0)], 15, [(0, 0, 1)]),  # the wide one would make 2x10=20
+    ([([1, 10], True, 0), ([1], True, 0)], 15, [(0, 0, 1)]),  # full: a later narrow input waits its turn
+    ([([2], True, 0), ([2], False, 0), ([2], True, 0)], 4, [(0, 0, 1), (2, 0, 1)]),
+    ([], 10, []),
+    ([([5], False, 0)], 10, []),
+]
+
+
+@pytest.mark.parametrize("jobs, budget, expected", TAKE_TABLE)
+def test_take_rows_by_hand(jobs, budget, expected):
+    queue = [_job(lengths, wanted, done) for lengths, wanted, done in jobs]
+    taken = take_rows(queue, budget, lambda p: p.job.wanted)
+    assert [(_place(queue, p), a, b) for p, a, b in taken] == expected
+
+
+@pytest.mark.parametrize("jobs, budget, expected", TAKE_TABLE)
+def test_reference_by_hand(jobs, budget, expected):
+    queue = [_job(lengths, wanted, done) for lengths, wanted, done in jobs]
+    rows = [(_place(queue, p), i) for p, i in _reference(queue, budget)]
+    assert rows == [(n, i) for n, a, b in expected for i in range(a, b)]
 
 
 @settings(max_examples=300, deadline=None)

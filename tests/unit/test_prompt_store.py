@@ -232,7 +232,7 @@ for i in range(int(sys.argv[2])):
 def test_two_processes_writing_one_folder_never_show_a_partial_file(tmp_path):
     """Two processes rewrite the same five entries over and over while this one reads them:
     every file it finds is whole and holds what its tokens say."""
-    paths = [str(Path(__file__).parent.parent / "backend"), str(Path(__file__).parent.parent)]
+    paths = [str(Path(__file__).parent.parent.parent / "backend"), str(Path(__file__).parent.parent.parent)]
     procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), "15", *paths]) for _ in range(2)]
     reader = DiskTier(tmp_path, "p" * 32, 1 << 40)
     seen, running = 0, True

@@ -21,7 +21,7 @@ import grpc
 import pytest
 from hypothesis import given, settings, strategies as st
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 from common import grpc_auth, model_identity, parent_watch  # noqa: E402

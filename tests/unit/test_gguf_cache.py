@@ -11,7 +11,7 @@ import pytest
 
 from gguf_fixture import write_tiny_gguf
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent.parent
 
 
 def _embeddings_in_gguf(path: str) -> np.ndarray:

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path[:0] = [os.path.join(REPO, "backend"), REPO, os.path.join(REPO, "tests")]
 
 SENTENCES = [f"Sentence {i}: the {w} walked to the market to buy some {f}." for i, (w, f) in enumerate(

@@ -1,7 +1,5 @@
 """End-to-end: loading, freeing and failing to load, on a server of its own."""
 
-import time
-
 import grpc
 import pytest
 
@@ -40,11 +38,10 @@ def test_missing_model_fails_and_server_keeps_serving(fresh, tmp_path):
 
 
 def test_hub_id_offline_fails_clearly(fresh):
-    start = time.monotonic()
-    result = fresh.load("mlx-community/definitely-not-here-4bit", timeout=180)
+    # Answered within the call's own deadline (a hung download would end DEADLINE_EXCEEDED).
+    result = fresh.load("mlx-community/definitely-not-here-4bit", timeout=120)
     assert not result.success
     assert "definitely-not-here" in result.message
-    assert time.monotonic() - start < 120
 
 
 def test_load_free_reload(fresh):

@@ -21,7 +21,7 @@ import statistics
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path[:0] = [os.path.join(REPO, "backend"), REPO, os.path.join(REPO, "tests")]
 
 QUESTION = "Describe this picture."
