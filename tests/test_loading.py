@@ -70,13 +70,13 @@ def test_each_model_gets_its_own_grammar_vocabulary():
 
 
 def test_a_request_prepared_for_a_replaced_model_is_aborted():
-    from loaders import model_loader
+    from loaders import loaded, model_loader
     import prepare
     from common.launcher import backend_pb2
     from engine import Engine, EngineError
 
     first = model_loader.load(model_loader.LoadSpec(model=""))
-    second = dataclasses.replace(first, epoch=next(model_loader._epochs), derived={})
+    second = dataclasses.replace(first, epoch=next(loaded._epochs), derived={})
     engine = Engine()
     try:
         engine.swap(first).result(60)
