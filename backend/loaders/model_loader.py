@@ -163,7 +163,8 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
     from loaders import adapters
     from loaders import cross_encoder
     from loaders import embed_loader
-    from loaders.gguf_loader import GGUFError, gguf_to_mlx_dir
+    from loaders.gguf_convert import GGUFError
+    from loaders.gguf_loader import gguf_to_mlx_dir
 
     if spec.dtype not in DTYPES:
         raise ModelLoadError(f"dtype {spec.dtype!r} is not one of {', '.join(DTYPES)}")
