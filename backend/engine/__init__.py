@@ -12,5 +12,16 @@ The names the servicer and the preparation thread use are re-exported here.
 """
 
 from engine.core import Engine, EngineConfig, EngineError, Event, Request, Stop
+from loaders import kv_cache
+
+
+def _install_kv_forms(model, spec) -> None:
+    from engine import kv_rows  # on first use, as before: mlx-vlm's cache module is not a start-up cost
+
+    kv_rows.install(model, spec)
+
+
+# Loaders never import the engine: the engine hands them its KV cache forms, before any load.
+kv_cache.provide(_install_kv_forms)
 
 __all__ = ["Engine", "EngineConfig", "EngineError", "Event", "Request", "Stop"]

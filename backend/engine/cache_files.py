@@ -1,7 +1,7 @@
 """The prefix cache's files: one entry per safetensors file, and the model's fingerprint.
 
 Each file holds one entry's arrays and, in its safetensors metadata, its tokens and
-how to rebuild its cache objects, mlx-lm's classes and ours (loaders/kv_cache.py,
+how to rebuild its cache objects, mlx-lm's classes and ours (engine/kv_rows.py,
 a vision model's MediaState) alike (mlx-lm's own loader finds classes in its module
 only). Tokens are little-endian int64, in the metadata and in the file name's hash:
 a vision model's prompts are keyed with their media tokens replaced by negative
@@ -107,15 +107,15 @@ def fingerprint(lm) -> str:
 
 def _class_tag(layer) -> Optional[str]:
     """How a cache class is named in the file (None: a class this format does not know)."""
-    from loaders import kv_cache
+    from engine import kv_rows
     from loaders.vision_model import MediaState
 
     cls = type(layer)
     if cls is MediaState:
         return "ours:MediaState"
-    if isinstance(layer, kv_cache.CastRow):
+    if isinstance(layer, kv_rows.CastRow):
         return f"cast:{str(cls.dtype).rsplit('.', 1)[-1]}"
-    if cls is kv_cache.QuantizedRow:
+    if cls is kv_rows.QuantizedRow:
         return "ours:QuantizedRow"
     if getattr(lm_cache, cls.__name__, None) is cls:
         return f"mlx_lm:{cls.__name__}"
@@ -123,16 +123,16 @@ def _class_tag(layer) -> Optional[str]:
 
 
 def _class_of(tag: str):
-    from loaders import kv_cache
+    from engine import kv_rows
     from loaders.vision_model import MediaState
 
     kind, name = tag.split(":", 1)
     if kind == "ours" and name == "MediaState":
         return MediaState
     if kind == "cast":
-        return kv_cache._row_class(getattr(mx, name))
+        return kv_rows.row_class(getattr(mx, name))
     if kind == "ours" and name == "QuantizedRow":
-        return kv_cache.QuantizedRow
+        return kv_rows.QuantizedRow
     if kind == "mlx_lm" and isinstance(getattr(lm_cache, name, None), type):
         return getattr(lm_cache, name)
     raise ValueError(f"unknown cache class {tag!r}")

@@ -50,7 +50,7 @@ def load(spec, source: str, started: float):
     from mlx_vlm.reranker_loader import load_reranker
 
     from loaders import fast_gelu
-    from loaders.model_loader import LoadedModel, ModelLoadError, _materialize
+    from loaders.loaded import LoadedModel, ModelLoadError, materialize
 
     path = Path(source)
     config = _config(path)
@@ -69,7 +69,7 @@ def load(spec, source: str, started: float):
     tokenizer = getattr(processor, "tokenizer", processor)
     if spec.dtype not in ("auto", "native"):
         model.set_dtype(getattr(mx, spec.dtype))
-    _materialize(model)
+    materialize(model)
     mx.clear_cache()
     swapped = fast_gelu.for_encoder(model, spec.options)  # the CPU's erf is scalar (fast_gelu.py)
     ctx = min(spec.context_size or _NO_LIMIT, max_length(config, tokenizer))

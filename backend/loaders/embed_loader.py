@@ -85,7 +85,7 @@ def load(spec, source: str, started: float):
     from transformers import AutoTokenizer
 
     from loaders import fast_gelu
-    from loaders.model_loader import LoadedModel, ModelLoadError, _materialize
+    from loaders.loaded import LoadedModel, ModelLoadError, materialize
 
     path = Path(source)
     embedding = with_options(sentence_transformers_spec(path), spec.options)
@@ -97,7 +97,7 @@ def load(spec, source: str, started: float):
         raise ModelLoadError(f"{source}: not loadable as an embedding model ({type(e).__name__}: {e})") from None
     if spec.dtype not in ("auto", "native"):
         model.set_dtype(getattr(mx, spec.dtype))
-    _materialize(model)
+    materialize(model)
     mx.clear_cache()
     # The CPU computes erf one element at a time: GELU from multiply-adds instead (fast_gelu.py).
     swapped = fast_gelu.for_encoder(model, spec.options)

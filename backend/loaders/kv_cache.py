@@ -1,198 +1,36 @@
-"""KV caches stored quantized or in float16 that keep continuous batching.
+"""The KV cache's form at load time: made the model's own, and measured (loader thread).
 
-mlx-lm's BatchGenerator makes one cache per request (`make_prompt_cache`),
-merges them into a batch cache with the class's `merge`, extends and filters
-that batch as requests come and go, and extracts one row's cache when a
-request leaves (which the prefix cache keeps). mlx-lm has batched float caches
-only; mlx-vlm has a batched quantized cache (`BatchQuantizedKVCache`) but no
-single-request cache that merges into it. The classes here close that loop,
-so a request's keys and values stay in the chosen form from its first prefill
-through the batch to its prefix-cache entry.
-
-Loader thread (install, probe) and engine thread (everything the batch does).
+A KV cache type asked for at load (adapt_options.KVSpec: quantized or float16)
+is installed on the model, so that every cache later built for it takes that
+form, and then measured by running the model once. The cache classes themselves
+are runtime code the batch runs every step (engine/kv_rows.py); loaders never
+import the engine, so the engine package hands its `install` over here when imported.
 """
 
-from typing import Any, List, Optional
+from typing import Callable, Optional
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import BatchKVCache, KVCache, QuantizedKVCache, make_prompt_cache
-from mlx_vlm.models.cache import BatchQuantizedKVCache
+from mlx_lm.models.cache import make_prompt_cache
 
 from loaders.adapt_options import KVSpec
 
-
-class _FloatPrefill:
-    """A prompt chunk attends in float to itself; decode steps read the quantized cache.
-
-    Everything is stored quantized either way. mlx-lm's own quantized generation
-    prefills in float and quantizes afterwards, so the first token is the float
-    one; quantizing the chunk before it attends to itself flips near-ties
-    (SmolLM2's first answer token, measured). For a chunk of several tokens
-    `update_and_fetch` returns float keys and values (the quantized past
-    dequantized, the chunk as computed) and the next read of `bits` (mlx-lm's
-    attention choosing its kernel by `hasattr(cache, "bits")`) reports none,
-    once, so the float kernel runs. One-token decode steps are untouched.
-    """
-
-    _float_once = False
-
-    @property
-    def bits(self):
-        if self._float_once:
-            self._float_once = False
-            raise AttributeError("bits")
-        return self._bits
-
-    @bits.setter
-    def bits(self, value):
-        self._bits = value
-
-    def update_and_fetch(self, keys, values):
-        self._float_once = False
-        q_keys, q_values = super().update_and_fetch(keys, values)
-        n = keys.shape[2]
-        if n == 1:
-            return q_keys, q_values
-        self._float_once = True
-        return self._float(q_keys, keys), self._float(q_values, values)
-
-    def _float(self, parts, current):
-        past = parts[0].shape[2] - current.shape[2]
-        if past == 0:
-            return current
-        old = mx.dequantize(*(p[..., :past, :] for p in parts), group_size=self.group_size, bits=self._bits)
-        return mx.concatenate([old.astype(current.dtype), current], axis=2)
+_install: Optional[Callable] = None  # engine.kv_rows.install, once the engine is imported
 
 
-class QuantizedRow(_FloatPrefill, QuantizedKVCache):
-    """One request's quantized cache that merges into a QuantizedBatch."""
-
-    def size(self) -> int:
-        return self.offset
-
-    @classmethod
-    def merge(cls, caches: List["QuantizedRow"]) -> "QuantizedBatch":
-        rows = []
-        for c in caches:
-            row = QuantizedBatch([0], group_size=c.group_size, bits=c._bits)
-            if c.keys is not None and c.offset > 0:
-                row.keys, row.values = c.keys_and_values()
-                row._idx = c.offset
-                row.offset = mx.array([c.offset])
-            rows.append(row)
-        batch = rows[0]
-        for row in rows[1:]:  # extend left-pads the shorter rows
-            batch.extend(row)
-        return batch
-
-
-class QuantizedBatch(_FloatPrefill, BatchQuantizedKVCache):
-    """mlx-vlm's batched quantized cache, handing back rows that merge again."""
-
-    def extract(self, idx: int) -> QuantizedRow:
-        got = super().extract(idx)
-        row = QuantizedRow(group_size=self.group_size, bits=self._bits)
-        if got.keys is not None:
-            row.keys, row.values, row.offset = got.keys, got.values, got.offset
-        return row
-
-    def size(self) -> int:
-        return self._idx
-
-    @property
-    def nbytes(self) -> int:
-        if self.keys is None:
-            return 0
-        return sum(a.nbytes for a in (*self.keys, *self.values))
-
-
-class _Cast:
-    """Stored as `dtype`; attention still sees the model's dtype."""
-
-    dtype = mx.float16
-
-    def update_and_fetch(self, keys, values):
-        k, v = super().update_and_fetch(keys.astype(self.dtype), values.astype(self.dtype))
-        return k.astype(keys.dtype), v.astype(values.dtype)
-
-
-class CastRow(_Cast, KVCache):
-    """One request's cache that merges into the CastBatch of its dtype."""
-
-    def merge(self, caches):
-        return _batch_class(self.dtype).merge(caches)
-
-
-class CastBatch(_Cast, BatchKVCache):
-
-    @classmethod
-    def merge(cls, caches):
-        if all(c.size() == 0 for c in caches):  # BatchKVCache.merge would make a plain one
-            return cls([0] * len(caches))
-        return super().merge(caches)
-
-    def extract(self, idx: int) -> CastRow:
-        got = super().extract(idx)
-        row = _row_class(self.dtype)()
-        row.keys, row.values, row.offset = got.keys, got.values, got.offset
-        return row
-
-
-_CAST_CLASSES = {}
-
-
-def _cast_classes(dtype):
-    if dtype not in _CAST_CLASSES:
-        name = str(dtype).rsplit(".", 1)[-1].capitalize()
-        _CAST_CLASSES[dtype] = (type(f"{name}Row", (CastRow,), {"dtype": dtype}),
-                                type(f"{name}Batch", (CastBatch,), {"dtype": dtype}))
-    return _CAST_CLASSES[dtype]
-
-
-def _row_class(dtype):
-    return _cast_classes(dtype)[0]
-
-
-def _batch_class(dtype):
-    return _cast_classes(dtype)[1]
-
-
-def _convert(cache: Any, spec: KVSpec) -> Any:
-    # Only plain full-attention layers: rotating (sliding-window) and recurrent
-    # layers keep their own caches, which the batch already knows how to merge.
-    if type(cache) is not KVCache:
-        return cache
-    if spec.bits:
-        return QuantizedRow(group_size=spec.group_size, bits=spec.bits)
-    return _row_class(getattr(mx, spec.dtype))()
+def provide(install_forms: Callable) -> None:
+    """Called by the engine package when imported: what makes a model's caches take a KVSpec's form."""
+    global _install
+    _install = install_forms
 
 
 def install(model, spec: Optional[KVSpec]) -> None:
-    """Make every cache this model builds from now on follow `spec`.
-
-    Set on the model itself (mlx-lm's make_prompt_cache asks the model first),
-    so every place that builds a cache for it (the batch generator, the direct
-    first-token path, any later kind of work) gets the same form.
-    """
+    """Make every cache this model builds from now on follow `spec` (engine.kv_rows.install)."""
     if spec is None:
         return
-    own = getattr(model, "make_cache", None)
-
-    def make_cache():
-        base = own() if own is not None else make_prompt_cache(_Plain(model))
-        return [_convert(c, spec) for c in base]
-
-    # What the model would build without `spec` (the float baseline in Status).
-    make_cache.__wrapped__ = own if own is not None else (lambda: make_prompt_cache(_Plain(model)))
-    model.make_cache = make_cache
-
-
-class _Plain:
-    """The model as make_prompt_cache sees it when the model defines no make_cache."""
-
-    def __init__(self, model):
-        self.layers = model.layers
+    if _install is None:  # a bug, not a bad request: the engine package is imported before any load
+        raise RuntimeError("no KV cache forms: the engine package was never imported")
+    _install(model, spec)
 
 
 def bytes_per_token(model, plain: bool = False) -> int:

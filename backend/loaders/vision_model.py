@@ -210,7 +210,7 @@ def load_vision(spec, source: str, started: float):
     from mlx_lm.utils import load_tokenizer
     from mlx_vlm.utils import load as vlm_load
 
-    from loaders.model_loader import LoadedModel, ModelLoadError, _materialize
+    from loaders.loaded import LoadedModel, ModelLoadError, materialize
 
     if spec.dtype not in ("auto", "native"):
         raise ModelLoadError(f"dtype {spec.dtype!r}: vision models are served in their stored dtype")
@@ -223,7 +223,7 @@ def load_vision(spec, source: str, started: float):
     except Exception as e:  # format errors arrive as many types
         raise ModelLoadError(f"{source}: the vision model did not load through mlx-vlm: "
                              f"{type(e).__name__}: {e}") from None
-    _materialize(vlm)
+    materialize(vlm)
     cfg = vlm.config
     media_ids = sorted({i for i in (getattr(cfg, "image_token_id", None), getattr(cfg, "image_token_index", None),
                                     getattr(cfg, "video_token_id", None)) if isinstance(i, int)})

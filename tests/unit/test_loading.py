@@ -14,7 +14,7 @@ import pytest
 def test_gguf_dequantization_logs_progress(tmp_path, caplog, monkeypatch):
     import gguf
 
-    from loaders import gguf_loader
+    from loaders import gguf_convert
 
     path = str(tmp_path / "tiny.gguf")
     writer = gguf.GGUFWriter(path, "llama")
@@ -25,9 +25,9 @@ def test_gguf_dequantization_logs_progress(tmp_path, caplog, monkeypatch):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    monkeypatch.setattr(gguf_loader, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(gguf_convert, "PROGRESS_EVERY_S", 0.0)
     with caplog.at_level(logging.INFO, logger="mlx-backend.gguf"):
-        weights = gguf_loader._dequantized_weights(path)
+        weights = gguf_convert._dequantized_weights(path)
     assert [r.getMessage() for r in caplog.records] == [f"dequantizing tiny.gguf: {i}/4 tensors" for i in range(4)]
     for i in range(4):
         got = np.array(weights[f"model.layers.{i}.mlp.up_proj.weight"])
@@ -70,13 +70,13 @@ def test_each_model_gets_its_own_grammar_vocabulary():
 
 
 def test_a_request_prepared_for_a_replaced_model_is_aborted():
-    from loaders import model_loader
+    from loaders import loaded, model_loader
     import prepare
     from common.launcher import backend_pb2
     from engine import Engine, EngineError
 
     first = model_loader.load(model_loader.LoadSpec(model=""))
-    second = dataclasses.replace(first, epoch=next(model_loader._epochs), derived={})
+    second = dataclasses.replace(first, epoch=next(loaded._epochs), derived={})
     engine = Engine()
     try:
         engine.swap(first).result(60)

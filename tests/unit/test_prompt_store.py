@@ -22,7 +22,7 @@ from engine.cache_files import decode_cache, encode_cache, fingerprint  # noqa: 
 from engine.disk_tier import DiskTier  # noqa: E402
 from engine.prompt_store import PromptStore  # noqa: E402
 from family_models import FAMILIES, build  # noqa: E402
-from loaders import kv_cache  # noqa: E402
+from engine import kv_rows  # noqa: E402
 from loaders.adapt_options import KVSpec  # noqa: E402
 
 PROMPT = [5, 17, 301, 42, 42, 9, 77, 1000, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25]
@@ -32,7 +32,7 @@ def _load(family, kv=None):
     from mlx_lm import load
 
     model, _ = load(build(family))
-    kv_cache.install(model, kv)
+    kv_rows.install(model, kv)
     return model
 
 
@@ -93,7 +93,7 @@ def test_our_kv_cache_kinds_round_trip_bit_for_bit(kv, tmp_path):
         model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=64, num_attention_heads=2,
         num_key_value_heads=1, rms_norm_eps=1e-5, vocab_size=2048, tie_word_embeddings=False))
     mx.eval(model.parameters())
-    kv_cache.install(model, kv)
+    kv_rows.install(model, kv)
     cache = _filled(model)
     assert {type(c).__name__ for c in cache} & {"QuantizedRow", "Float16Row", "Bfloat16Row"}
     back = _round_trip(cache, tmp_path)

@@ -1,0 +1,137 @@
+"""What every loader builds and hands the engine: the loaded model and its load request.
+
+Kept apart from the loaders themselves so that each loader (mlx-lm and GGUF in
+model_loader, mlx-vlm in vision_model, the encoders in embed_loader and
+cross_encoder) imports these from here while model_loader imports the loaders
+to route between them: no loader imports another to build its result.
+"""
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Tuple
+
+import load_options
+
+_epochs = itertools.count(1)
+
+
+class ModelNotFound(Exception):
+    """The model named by the host is nowhere to be found."""
+
+
+class ModelLoadError(Exception):
+    """The model exists but cannot be served; the message says why."""
+
+
+@dataclass
+class LoadSpec:
+    model: str
+    model_file: str = ""
+    model_path: str = ""
+    options: Any = field(default_factory=dict)  # load_options.Settings once built
+    context_size: int = 0
+    dtype: str = "auto"
+    trust_remote_code: bool = False
+    adapters: List[Tuple[str, float]] = field(default_factory=list)  # LoRA (directory, scale)
+    kv: Any = None  # adapt_options.KVSpec, None: the model's own float cache
+    media: Any = None  # media_bounds.MediaBounds of a vision model (None: the defaults)
+
+    def __post_init__(self):
+        # Typed and checked once (load_options); a plain dict (a follower's copy, a draft's spec) too.
+        self.options = load_options.settings(self.options)
+
+
+@dataclass(frozen=True)
+class Serves:
+    """What a loaded model serves: the servicer asks this, never which library or kind serves it."""
+    what: str  # how refusals name the model: "a causal language model", "an embedding model", ...
+    generate: bool  # Predict, PredictStream (and a chat template for TokenizeString)
+    embed: bool  # Embedding
+    score: bool  # Score
+    rerank: bool  # Rerank
+    media: Tuple[str, ...] = ()  # what a Predict may carry besides text: "image", "video"
+
+
+# By the loader that built the model (LoadedModel.kind); only loaders set a kind.
+SERVES = {
+    "text": Serves("a causal language model", generate=True, embed=True, score=True, rerank=True),
+    "vision": Serves("a vision model", generate=True, embed=False, score=False, rerank=False,
+                     media=("image", "video")),
+    "embedding": Serves("an embedding model", generate=False, embed=True, score=False, rerank=True),
+    "reranker": Serves("a cross-encoder reranker", generate=False, embed=False, score=False, rerank=True),
+}
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    source: str
+    model: Any
+    tokenizer: Any
+    config: Dict[str, Any]
+    context_size: int
+    dtype: str
+    options: Any  # load_options.Settings
+    load_seconds: float
+    # Which load this is: a request prepared for another epoch is refused.
+    epoch: int = field(default_factory=lambda: next(_epochs))
+    # Things built from this model on demand (the grammar tokenizer), kept
+    # with it so that a later model can never get them.
+    derived: Dict[str, Any] = field(default_factory=dict)
+    adapters: List[str] = field(default_factory=list)  # LoRA directories applied
+    adapter_scales: List[float] = field(default_factory=list)  # their scales, in order
+    kv: Any = None  # adapt_options.KVSpec of its KV cache
+    kv_bytes_per_token: int = 0  # measured at load, for Status
+    kv_bytes_per_token_float: int = 0  # the same with the model's own float cache
+    # "text": a causal LM (chat, and Embedding/Score from its hidden states and logits);
+    # "vision": served by vision_batch, media prepared by vision_prepare;
+    # "embedding": an encoder that only embeds (embed_loader);
+    # "reranker": a cross-encoder that only reranks (cross_encoder).
+    kind: str = "text"
+    vision: Any = None  # vision_model.VisionParts of a vision model
+    embedding: Any = None  # embed_loader.EmbeddingSpec: pooling and normalisation
+
+    @property
+    def serves(self) -> Serves:
+        return SERVES[self.kind]
+
+    def detokenizer(self):
+        """A fresh streaming detokenizer that keeps every character.
+
+        mlx-lm's drop a leading space from the first token (they decode a
+        completion as if it were a whole text); a continuation must keep it.
+        """
+        from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
+
+        detok = self.tokenizer.detokenizer
+        if isinstance(detok, BPEStreamingDetokenizer):
+            detok._maybe_trim_space = _keep
+        elif isinstance(detok, SPMStreamingDetokenizer):
+            detok.trim_space = False
+        return detok
+
+
+def _keep(text: str) -> str:
+    return text
+
+
+def materialize(model) -> None:
+    """Evaluate every array the model holds, private ones (rope tables) included."""
+    import mlx.core as mx
+
+    arrays = []
+
+    def collect(value):
+        if isinstance(value, mx.array):
+            arrays.append(value)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                collect(v)
+        elif isinstance(value, dict):
+            for v in value.values():
+                collect(v)
+
+    for module in model.modules():
+        collect(dict(module))
+        collect(list(vars(module).values()))
+    mx.eval(arrays)
