@@ -168,7 +168,7 @@ TABLE = (
 # The per-request text bounds (limits.py holds their defaults and ranges).
 TABLE += tuple(
     Option(f.name, (number if f.type in (float, "float") else integer)(*limits.RANGES[f.name]), f.default,
-           "per-request text bound (README: Threat model and bounds)")
+           "per-request text bound (docs/bounds.md)")
     for f in fields(limits.TextLimits))
 ROWS: Dict[str, Option] = {row.name: row for row in TABLE}
 

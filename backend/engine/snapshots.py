@@ -9,10 +9,10 @@ compact copy of the cache there, as the prefix cache's entry for tokens[:P]: a l
 prompt sharing tokens[:P] restores it and prefills only its own rest.
 
 A snapshot at P is, bit for bit, what mlx-lm's own classes leave after a cold
-prefill of tokens[:P] through the same passes (tests/test_snapshots.py; passes
+prefill of tokens[:P] through the same passes (tests/unit/test_snapshots.py; passes
 matter: a rotating window keeps the tail of each multi-token pass). A warm request
 then differs from a cold one of the same prompt only as any two chunkings of a
-prefill do (float rounding, well within 1e-4 in logprobs: tests/test_e2e_snapshots.py).
+prefill do (float rounding, well within 1e-4 in logprobs: tests/e2e/test_e2e_snapshots.py).
 """
 
 import copy

@@ -88,7 +88,7 @@ def _choose_dtype(requested: str, model) -> Optional[str]:
         return requested
     if mx.default_device() != mx.cpu:
         return None
-    # On the CPU, float32 with a real BLAS beats 4-bit kernels (see README);
+    # On the CPU, float32 with a real BLAS beats 4-bit kernels (see docs/cpu-fast-path.md);
     # without OpenBLAS preloaded, or when it would take too much memory, keep as is.
     from common.openblas import preloaded
 

@@ -7,7 +7,7 @@ and off, streamed == unary, three requests at once, a prompt that extends an
 earlier one (served from the prefix cache: the whole shared prompt where the
 family's cache can be trimmed back to it, else the snapshot taken one token
 short of the earlier prompt's end, as the log's "cached" count shows), and
-Score. The README's family table states what this file checks.
+Score. docs/model-families.md states what this file checks.
 """
 
 import re
@@ -29,7 +29,7 @@ A_MORE = A + " three four five six seven"
 SCORE = ("The sky is", [" blue", " green today", " a"])
 # Families whose KV cache is plain attention all the way: a finished request's cache is cut back
 # to the whole shared prompt. Windows that wrapped and recurrent states cannot be: they restore the
-# snapshot taken at the earlier prompt's end, one token short of it (README table).
+# snapshot taken at the earlier prompt's end, one token short of it (docs/model-families.md).
 PREFIX_REUSE = {"llama", "qwen2", "qwen3", "phi3", "qwen3_moe"}
 
 

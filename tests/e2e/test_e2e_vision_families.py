@@ -6,7 +6,7 @@ is mlx-vlm's `stream_generate`, greedy, run in a separate process
 two images requested at once. LLaVA (mlx-vlm 0.7.10 cannot prepare its images with
 the transformers installed here) and Gemma 3 (mlx-vlm prefills its image
 prompts under a mask the batch does not reproduce) must be refused at
-LoadModel with the reason. What each family supports: README, "Model families".
+LoadModel with the reason. What each family supports: docs/model-families.md.
 """
 
 import json

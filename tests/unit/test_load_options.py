@@ -9,7 +9,7 @@ from hypothesis import given, strategies as st
 from common.python_utils import OptionError
 from load_options import ROWS, TABLE, parse
 
-# Hand table of some rows' ranges, as the README states them (not read from the code).
+# Hand table of some rows' ranges, as docs/load-options.md states them (not read from the code).
 INTEGER_RANGES = {
     "forward_chunk_tokens": (1, 1 << 20),
     "max_sequences": (1, 1024),
