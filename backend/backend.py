@@ -34,7 +34,6 @@ import backend_pb2_grpc  # noqa: E402
 from common import auth, model_identity, parent_watch  # noqa: E402
 from common.mlx_utils import Delta, ToolCall  # noqa: E402
 from common.python_utils import OptionError  # noqa: E402
-import forward_prep  # noqa: E402
 import limits  # noqa: E402
 import load_options  # noqa: E402
 import prepare  # noqa: E402
@@ -299,7 +298,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
     @gated
     async def Embedding(self, request, context):
         started = time.perf_counter()
-        lm, result = await self._forward(context, request, forward_prep.embed_job)
+        lm, result = await self._forward(context, request, prepare.embed_job)
         (vectors,) = result.vectors
         log.info("embedding%s: %d tokens -> %d x %d in %.0f ms", _tag(request.CorrelationId),
                  result.prompt_tokens, len(vectors), len(vectors[0]), (time.perf_counter() - started) * 1000)
@@ -314,7 +313,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
     @gated
     async def Score(self, request, context):
         started = time.perf_counter()
-        lm, result = await self._forward(context, request, forward_prep.score_request)
+        lm, result = await self._forward(context, request, prepare.score_request)
         reply = await asyncio.get_running_loop().run_in_executor(
             self.prep, score_response, lm, result, request.length_normalize, request.include_token_logprobs)
         log.info("score: %d candidates, %d tokens evaluated (%d cached) in %.0f ms", len(result.tokens),
@@ -325,18 +324,11 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
     @gated
     async def Rerank(self, request, context):
         started = time.perf_counter()
-        lm, results = await self._forward(context, request, forward_prep.rerank_jobs)
+        lm, results = await self._forward(context, request, prepare.rerank_jobs)
         documents = list(request.documents)
-        if lm.kind == "embedding":
-            (query, *docs) = [v[0] for v in results[0].vectors]
-            scores = [forward_prep.cosine(query, d) for d in docs]
-        elif lm.kind == "reranker":  # sigmoid of the classifier's logit, per document
-            scores = results[0].scores
-        else:
-            scores = [forward_prep.relevance(sum(r.logprobs[0]), sum(r.logprobs[1])) for r in results]
+        scores = prepare.rerank_scores(lm, results)
         evaluated = sum(r.prompt_tokens for r in results)
-        order = sorted(range(len(documents)), key=lambda i: -scores[i])
-        order = order[:request.top_n] if request.top_n > 0 else order
+        order = prepare.ranked(scores, request.top_n)
         log.info("rerank: %d documents, %d tokens evaluated in %.0f ms", len(documents), evaluated,
                  (time.perf_counter() - started) * 1000)
         return backend_pb2.RerankResult(
@@ -398,9 +390,7 @@ def model_metadata(lm) -> "backend_pb2.ModelMetadataResponse":
     # An encoder's tokenizer is transformers' own, without mlx-lm's chat attributes: none of them.
     out = backend_pb2.ModelMetadataResponse(supports_thinking=bool(getattr(tok, "has_thinking", False)))
     if getattr(lm, "kind", "text") == "vision":  # a raw Prompt marks each image with it
-        from media import MEDIA_MARKER
-
-        out.media_marker = MEDIA_MARKER
+        out.media_marker = prepare.MEDIA_MARKER
     if getattr(tok, "has_chat_template", False):
         bound = limits.of(lm)
         try:
