@@ -11,20 +11,24 @@ is decided here, for both the jobs and the scores.
 import math
 from typing import List, Sequence, Tuple
 
-from common.python_utils import OptionError, option_int
+from common.python_utils import OptionError
 from engine import EngineError
 from engine.forward import EmbedJob, ScoreJob
 from engine.pair_forward import PairJob
 import limits
+import load_options
 from render_guard import bounded
 
-MAX_CANDIDATES = 256  # per Score call; the Option `max_candidates` changes it
-MAX_DOCUMENTS = 256  # per Rerank call; the Option `max_documents` changes it
 
 # The Qwen3-Reranker recipe: the model judges relevance with "yes" or "no".
 RERANK_SYSTEM = ('Judge whether the Document meets the requirements based on the Query and the Instruct '
                  'provided. Note that the answer can only be "yes" or "no".')
 RERANK_INSTRUCT = "Given a web search query, retrieve relevant passages that answer the query"
+
+
+def _options(lm) -> load_options.Settings:
+    """The model's load options, every row's default for those not set."""
+    return load_options.settings(lm.options)
 
 
 def _fits(lm, n: int, what: str) -> None:
@@ -107,7 +111,7 @@ def score_job(lm, prompt: str, candidates: Sequence[str], stable_prefix_len: int
     scored from that merged token on, as the model would produce it.
     """
     _needs_causal_lm(lm, "Score")
-    limit = option_int(lm.options, "max_candidates", MAX_CANDIDATES, minimum=1)
+    limit = _options(lm).max_candidates  # per Score call (its default: load_options' table)
     if not candidates:
         raise OptionError("candidates: empty (send at least one)")
     if len(candidates) > limit:
@@ -149,7 +153,8 @@ def score_request(lm, req) -> ScoreJob:
 
 def rerank_prompt(lm, query: str, document: str) -> Tuple[str, int]:
     """The relevance question for one document, and the byte length of its part before the document."""
-    instruct = str(lm.options.get("rerank_instruct", RERANK_INSTRUCT))
+    instruct = _options(lm).rerank_instruct
+    instruct = RERANK_INSTRUCT if instruct is None else instruct
     head = f"<Instruct>: {instruct}\n<Query>: {query}\n<Document>: "
     user = head + document
     tok = lm.tokenizer
@@ -175,7 +180,7 @@ def check_documents(lm, query: str, documents: Sequence[str], top_n: int) -> Non
         raise OptionError("query: empty")
     if not documents:
         raise OptionError("documents: empty (send at least one)")
-    limit = option_int(lm.options, "max_documents", MAX_DOCUMENTS, minimum=1)
+    limit = _options(lm).max_documents  # per Rerank call
     if len(documents) > limit:
         raise OptionError(f"documents: {len(documents)} given; at most {limit} per call")
     if top_n < 0:
