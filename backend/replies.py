@@ -12,7 +12,7 @@ from common.mlx_utils import Delta, ToolCall
 from common.python_utils import OptionError
 import limits
 import prepare
-from render_guard import bounded
+from prepare.render_guard import bounded
 
 log = logging.getLogger("mlx-backend")
 

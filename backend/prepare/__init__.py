@@ -6,6 +6,7 @@
     vision.py    a vision model's prompt: media placed and expanded into its tokens
     media.py     base64 items -> images, their content hashes
     forward.py   Embedding, Score and Rerank -> forward jobs; Rerank's scores from their results
+    render_guard.py  a chat-template render bounded in time and output
     faults.py    faults a test asks for (fault-isolation tests only)
 
 Imports run downward only: engine, loaders, common and the load options; never the servicer.

@@ -17,7 +17,8 @@ from engine.forward import EmbedJob, ScoreJob
 from engine.pair_forward import PairJob
 import limits
 import load_options
-from render_guard import bounded
+
+from .render_guard import bounded
 
 
 # The Qwen3-Reranker recipe: the model judges relevance with "yes" or "no".

@@ -11,9 +11,9 @@ from typing import Any, Dict, List, Tuple
 from common.mlx_utils import OutputRouter
 from common.python_utils import OptionError, parse_bool, parse_json_field, parse_tools
 from engine import EngineError, Request, snapshots
-from render_guard import bounded
 
 from . import faults, media
+from .render_guard import bounded
 from .sampling import rebuildable, sampling_params
 from .spec import RequestSpec, read
 

@@ -22,9 +22,9 @@ from common.python_utils import OptionError
 from engine import EngineError
 from loaders import media_bounds
 from loaders.media_bounds import Extent
-from render_guard import bounded
 
 from . import spec as spec_
+from .render_guard import bounded
 from .media import MEDIA_MARKER, b64_bytes, content_hash, decode_image, keyed_tokens, open_image
 from .spec import RequestSpec
 
