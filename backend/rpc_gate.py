@@ -4,13 +4,15 @@ Each call holds preparation threads, queue places and memory for its inputs,
 so past the bound a call is refused at once with RESOURCE_EXHAUSTED rather
 than queued without end. Health, Status, GetMetrics, LoadModel and Free are
 never gated: the host must always be able to see and steer the process.
-Runs on the event loop only (a plain counter, no lock).
+A refusal is an EngineError, which leaves through the servicer's one status map
+(status_map.answered wraps every gated RPC). Runs on the event loop only (a
+plain counter, no lock).
 """
 
 import functools
 import inspect
 
-import grpc
+from engine import EngineError
 
 
 class RpcGate:
@@ -40,7 +42,7 @@ def gated(method):
         @functools.wraps(method)
         async def stream(self, request, context):
             if not self.gate.enter():
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self.gate.refusal(name))
+                raise EngineError("RESOURCE_EXHAUSTED", self.gate.refusal(name))
             try:
                 async for item in method(self, request, context):
                     yield item
@@ -52,7 +54,7 @@ def gated(method):
     @functools.wraps(method)
     async def unary(self, request, context):
         if not self.gate.enter():
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self.gate.refusal(name))
+            raise EngineError("RESOURCE_EXHAUSTED", self.gate.refusal(name))
         try:
             return await method(self, request, context)
         finally:

@@ -15,7 +15,7 @@ import pytest
 
 from common.launcher import backend_pb2
 from conftest import after_restart
-from media import MEDIA_MARKER
+from prepare.media import MEDIA_MARKER
 from test_e2e_prompt_disk import cached_tokens
 from vision_fixture import image_b64, tiny_vision
 
@@ -42,7 +42,7 @@ def _predict(backend, prompt, seed, label, tokens=TOKENS):
 def _keys(family):
     """The media-keyed prompts of FIRST and SECOND with image 1, as preparation makes them."""
     from loaders.model_loader import LoadSpec, load
-    from vision_prepare import vision_prompt
+    from prepare.vision import vision_prompt
 
     lm = load(LoadSpec(model=tiny_vision(family)))
     return [vision_prompt(lm, backend_pb2.PredictOptions(Prompt=p, Images=[image_b64(1)]), [], {})[2].key

@@ -9,7 +9,8 @@ from hypothesis import given, strategies as st
 
 from common.python_utils import OptionError
 from engine import EngineError
-import forward_prep
+from loaders.model_loader import SERVES
+from prepare import forward as forward_prep
 
 
 class WordTokenizer:
@@ -39,6 +40,10 @@ class FakeLM:
     epoch: int = 1
     options: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
+
+    @property
+    def serves(self):  # as LoadedModel declares it
+        return SERVES[self.kind]
 
 
 text = st.text(alphabet="ab .", min_size=1, max_size=12)

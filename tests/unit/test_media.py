@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from common.python_utils import OptionError
-from media import b64_bytes, content_hash, decode_image, keyed_tokens, open_image
+from prepare.media import b64_bytes, content_hash, decode_image, keyed_tokens, open_image
 from vision_fixture import image_b64
 
 MEDIA = 7  # the placeholder id in these tests

@@ -15,7 +15,7 @@ import backend_pb2
 import limits
 from common.python_utils import JSON_DEPTH, OptionError, load_json, parse_json_field, parse_tools
 from engine import EngineError
-from render_guard import RenderBudgetExceeded, bounded
+from prepare.render_guard import RenderBudgetExceeded, bounded
 
 # ---- load options ------------------------------------------------------------------
 

@@ -1,27 +1,35 @@
-"""Embedding, Score and Rerank requests -> forward jobs (preparation thread, no MLX).
+"""Embedding, Score and Rerank requests -> forward jobs, and Rerank's scores from their results
+(preparation thread, no MLX).
 
 Tokenizing and every check of the input happen here; the engine gets jobs
 it can run as they are. Bad input raises OptionError (INVALID_ARGUMENT) or
-EngineError (RESOURCE_EXHAUSTED for inputs longer than the context).
+EngineError (RESOURCE_EXHAUSTED for inputs longer than the context). What a
+model serves is asked of `lm.serves`; how it judges relevance (rerank_method)
+is decided here, for both the jobs and the scores.
 """
 
 import math
 from typing import List, Sequence, Tuple
 
-from common.python_utils import OptionError, option_int
+from common.python_utils import OptionError
 from engine import EngineError
 from engine.forward import EmbedJob, ScoreJob
 from engine.pair_forward import PairJob
 import limits
-from render_guard import bounded
+import load_options
 
-MAX_CANDIDATES = 256  # per Score call; the Option `max_candidates` changes it
-MAX_DOCUMENTS = 256  # per Rerank call; the Option `max_documents` changes it
+from .render_guard import bounded
+
 
 # The Qwen3-Reranker recipe: the model judges relevance with "yes" or "no".
 RERANK_SYSTEM = ('Judge whether the Document meets the requirements based on the Query and the Instruct '
                  'provided. Note that the answer can only be "yes" or "no".')
 RERANK_INSTRUCT = "Given a web search query, retrieve relevant passages that answer the query"
+
+
+def _options(lm) -> load_options.Settings:
+    """The model's load options, every row's default for those not set."""
+    return load_options.settings(lm.options)
 
 
 def _fits(lm, n: int, what: str) -> None:
@@ -59,8 +67,9 @@ def embed_inputs(lm, texts: Sequence[str], names: Sequence[str]) -> List[List[in
 
 def embed_job(lm, opts) -> EmbedJob:
     """Embedding(PredictOptions): the text in `Embeddings`, or token ids in `EmbeddingTokens`."""
-    if lm.kind == "reranker":
-        raise OptionError("Embedding: the loaded model is a cross-encoder reranker; it serves Rerank only")
+    serves = lm.serves
+    if not serves.embed:
+        raise OptionError(f"Embedding: the loaded model is {serves.what}; it serves {served_rpcs(serves)} only")
     if opts.EmbeddingTokens:
         _fits(lm, len(opts.EmbeddingTokens), "EmbeddingTokens")  # counted before they are scanned
         vocab = int(lm.config.get("vocab_size") or len(lm.tokenizer))
@@ -89,9 +98,8 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def _needs_causal_lm(lm, rpc: str) -> None:
-    if lm.kind != "text":
-        what = "a cross-encoder reranker" if lm.kind == "reranker" else "an embedding model"
-        raise OptionError(f"{rpc}: the loaded model is {what}; {rpc} needs a causal language model")
+    if not lm.serves.score:
+        raise OptionError(f"{rpc}: the loaded model is {lm.serves.what}; {rpc} needs a causal language model")
 
 
 def score_job(lm, prompt: str, candidates: Sequence[str], stable_prefix_len: int = 0,
@@ -104,7 +112,7 @@ def score_job(lm, prompt: str, candidates: Sequence[str], stable_prefix_len: int
     scored from that merged token on, as the model would produce it.
     """
     _needs_causal_lm(lm, "Score")
-    limit = option_int(lm.options, "max_candidates", MAX_CANDIDATES, minimum=1)
+    limit = _options(lm).max_candidates  # per Score call (its default: load_options' table)
     if not candidates:
         raise OptionError("candidates: empty (send at least one)")
     if len(candidates) > limit:
@@ -146,7 +154,8 @@ def score_request(lm, req) -> ScoreJob:
 
 def rerank_prompt(lm, query: str, document: str) -> Tuple[str, int]:
     """The relevance question for one document, and the byte length of its part before the document."""
-    instruct = str(lm.options.get("rerank_instruct", RERANK_INSTRUCT))
+    instruct = _options(lm).rerank_instruct
+    instruct = RERANK_INSTRUCT if instruct is None else instruct
     head = f"<Instruct>: {instruct}\n<Query>: {query}\n<Document>: "
     user = head + document
     tok = lm.tokenizer
@@ -172,7 +181,7 @@ def check_documents(lm, query: str, documents: Sequence[str], top_n: int) -> Non
         raise OptionError("query: empty")
     if not documents:
         raise OptionError("documents: empty (send at least one)")
-    limit = option_int(lm.options, "max_documents", MAX_DOCUMENTS, minimum=1)
+    limit = _options(lm).max_documents  # per Rerank call
     if len(documents) > limit:
         raise OptionError(f"documents: {len(documents)} given; at most {limit} per call")
     if top_n < 0:
@@ -195,15 +204,25 @@ def pair_job(lm, query: str, documents: Sequence[str]) -> PairJob:
     return PairJob(inputs=inputs, types=None if types[0] is None else types, pad_id=pad, model_epoch=lm.epoch)
 
 
+def rerank_method(lm) -> str:
+    """How the model judges relevance: "yes_no" (a causal LM asked about each document),
+    "cosine" (an embedding model: query against each document) or "pair" (a cross-encoder)."""
+    serves = lm.serves
+    if serves.score:
+        return "yes_no"
+    return "cosine" if serves.embed else "pair"
+
+
 def rerank_jobs(lm, req) -> list:
     """An embedding job of the query and the documents, a cross-encoder's pair job, or one
     yes/no score job per document."""
     documents = list(req.documents)
     check_documents(lm, req.query, documents, req.top_n)
     check_bytes(lm, "query and documents", [req.query, *documents])
-    if lm.kind == "reranker":
+    method = rerank_method(lm)
+    if method == "pair":
         return [pair_job(lm, req.query, documents)]
-    if lm.kind == "embedding":
+    if method == "cosine":
         inputs = embed_inputs(lm, [req.query] + documents,
                               ["query"] + [f"documents[{i}]" for i in range(len(documents))])
         pooling = lm.embedding.pooling if lm.embedding.pooling != "none" else "mean"
@@ -216,6 +235,30 @@ def rerank_jobs(lm, req) -> list:
         text, stable = rerank_prompt(lm, req.query, d)
         jobs.append(score_job(lm, text, ["yes", "no"], stable))
     return jobs
+
+
+def rerank_scores(lm, results) -> List[float]:
+    """Each document's relevance from the results of rerank_jobs' jobs, in document order."""
+    method = rerank_method(lm)
+    if method == "cosine":
+        (query, *docs) = [v[0] for v in results[0].vectors]
+        return [cosine(query, d) for d in docs]
+    if method == "pair":  # sigmoid of the classifier's logit, per document
+        return list(results[0].scores)
+    return [relevance(sum(r.logprobs[0]), sum(r.logprobs[1])) for r in results]
+
+
+def ranked(scores: Sequence[float], top_n: int) -> List[int]:
+    """Document indices, most relevant first; the first `top_n` of them when it is set."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    return order[:top_n] if top_n > 0 else order
+
+
+def served_rpcs(serves) -> str:
+    """The RPCs a model serves, as refusals list them: "Embedding and Rerank"."""
+    names = [name for name, yes in (("Predict", serves.generate), ("Embedding", serves.embed),
+                                    ("Score", serves.score), ("Rerank", serves.rerank)) if yes]
+    return " and ".join(names) if len(names) <= 2 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def relevance(yes: float, no: float) -> float:

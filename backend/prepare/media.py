@@ -18,16 +18,35 @@ from loaders.media_bounds import RASTER_FORMATS
 MEDIA_MARKER = "<__media__>"  # where a raw Prompt puts each item (the host's default, reported back)
 
 
-def b64_bytes(field: str, item: str) -> bytes:
-    """The bytes of one base64 item (a `data:` prefix tolerated)."""
-    data = item.split(",", 1)[1] if item.startswith("data:") else item
+def _payload(item: str) -> str:
+    """The base64 text of an item, after a `data:...,` prefix when it has one."""
+    return item.split(",", 1)[1] if item.startswith("data:") else item
+
+
+def _decode(field: str, data: str) -> bytes:
+    """The one base64 decoding of this package: strict, a refusal names the field."""
     try:
-        raw = base64.b64decode("".join(data.split()), validate=True)
+        return base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
         raise OptionError(f"{field}: not valid base64") from None
+
+
+def b64_bytes(field: str, item: str) -> bytes:
+    """The bytes of one base64 item (a `data:` prefix and line breaks tolerated)."""
+    raw = _decode(field, "".join(_payload(item).split()))
     if not raw:
         raise OptionError(f"{field}: empty")
     return raw
+
+
+def refuse_for_text(spec) -> None:
+    """A model that takes text only refuses a request's media (each item checked to be base64
+    first, so a broken item is named as such)."""
+    for name in ("Images", "Videos", "Audios"):
+        for i, item in enumerate(spec.media(name)):
+            _decode(f"{name}[{i}]", _payload(item))
+        if spec.media(name):
+            raise OptionError(f"{name}: the loaded model takes text only")
 
 
 def open_image(field: str, raw: bytes):

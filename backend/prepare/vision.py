@@ -18,13 +18,15 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from common.python_utils import OptionError, messages_to_dicts
+from common.python_utils import OptionError
 from engine import EngineError
-import limits
 from loaders import media_bounds
 from loaders.media_bounds import Extent
-from render_guard import bounded
-from media import MEDIA_MARKER, b64_bytes, content_hash, decode_image, keyed_tokens, open_image
+
+from . import spec as spec_
+from .render_guard import bounded
+from .media import MEDIA_MARKER, b64_bytes, content_hash, decode_image, keyed_tokens, open_image
+from .spec import RequestSpec
 
 VIDEO_MARKER = r"\[vid-\d+\]"  # the host's marker for the N-th video of a raw Prompt
 
@@ -37,23 +39,19 @@ class VisionInputs:
     items: int = 0
 
 
-def has_media(opts) -> bool:
-    return bool(opts.Images or opts.Videos or opts.Audios)
-
-
-def _refuse_kinds(parts, opts) -> None:
+def _refuse_kinds(parts, spec: RequestSpec) -> None:
     for name, ok in (("Videos", parts.takes_video), ("Audios", parts.takes_audio)):
-        if getattr(opts, name) and not ok:
+        if spec.media(name) and not ok:
             raise OptionError(f"{name}: the loaded model ({parts.model_type}) does not take "
                               f"{'video' if name == 'Videos' else 'audio'} input here")
 
 
-def _check_before_decoding(parts, opts) -> None:
+def _check_before_decoding(parts, spec: RequestSpec) -> None:
     """Counts and payload bytes, from the request alone (media_bounds)."""
     bounds = parts.bounds
-    media_bounds.check_counts(bounds, len(opts.Images), len(opts.Videos), len(opts.Audios))
+    media_bounds.check_counts(bounds, len(spec.images), len(spec.videos), len(spec.audios))
     _within_budget(media_bounds.check_bytes, bounds, [(f"{name}[{i}]", item) for name in ("Images", "Videos", "Audios")
-                                                      for i, item in enumerate(getattr(opts, name))])
+                                                      for i, item in enumerate(spec.media(name))])
 
 
 def _within_budget(check, *args) -> None:
@@ -63,10 +61,10 @@ def _within_budget(check, *args) -> None:
         raise EngineError("RESOURCE_EXHAUSTED", str(e)) from None
 
 
-def _open_images(opts) -> Tuple[list, List[int], List[Extent]]:
+def _open_images(spec: RequestSpec) -> Tuple[list, List[int], List[Extent]]:
     """Each image opened lazily (its header read, nothing decoded), its hash and its size."""
     opened, hashes, extents = [], [], []
-    for i, item in enumerate(opts.Images):
+    for i, item in enumerate(spec.images):
         field_name = f"Images[{i}]"
         raw = b64_bytes(field_name, item)
         img = open_image(field_name, raw)
@@ -76,13 +74,13 @@ def _open_images(opts) -> Tuple[list, List[int], List[Extent]]:
     return opened, hashes, extents
 
 
-def _open_videos(parts, opts, folder: str) -> Tuple[List[str], List[int], List[Extent]]:
+def _open_videos(parts, spec: RequestSpec, folder: str) -> Tuple[List[str], List[int], List[Extent]]:
     """Each video's bytes in a file of `folder` (mlx-vlm's loader reads files), with its frame size
     and count read from the container's header (no frame decoded)."""
     import cv2
 
     paths, hashes, extents = [], [], []
-    for i, item in enumerate(opts.Videos):
+    for i, item in enumerate(spec.videos):
         field_name = f"Videos[{i}]"
         raw = b64_bytes(field_name, item)
         path = os.path.join(folder, f"video{i}")
@@ -133,7 +131,7 @@ def _raw_prompt(parts, text: str, image_hashes: List[int], video_hashes: List[in
     return text, [next(images) if k == "image" else next(videos) for _, k in sorted(found)]
 
 
-def _chat_prompt(lm, opts, tools, images: int, videos: int, template_kwargs: Dict[str, Any]) -> str:
+def _chat_prompt(lm, spec: RequestSpec, tools, images: int, videos: int, template_kwargs: Dict[str, Any]) -> str:
     """mlx-vlm's chat templating places the images; videos go before the text of the same
     (last) user message, as its video formatting does."""
     from mlx_vlm.prompt_utils import apply_chat_template, get_chat_template
@@ -143,13 +141,11 @@ def _chat_prompt(lm, opts, tools, images: int, videos: int, template_kwargs: Dic
     if tools:
         kwargs["tools"] = tools
     try:
-        messages = apply_chat_template(processor, lm.config,
-                                       messages_to_dicts(opts.Messages, strict=True,
-                                                         max_depth=limits.of(lm).max_json_depth),
+        messages = apply_chat_template(processor, lm.config, spec.chat_messages(),
                                        add_generation_prompt=True, return_messages=True, num_images=images)
         if videos:
             _add_videos(messages, videos)
-        bound = limits.of(lm)
+        bound = spec.bounds
         with bounded("Messages", bound.template_seconds, bound.template_output_bytes):
             return get_chat_template(processor, messages, True, **kwargs)
     except (OptionError, EngineError):
@@ -190,25 +186,27 @@ def _expand(lm, text: str, images: list, videos: List[str]) -> Tuple[List[int], 
 
 
 def vision_prompt(lm, opts, tools, template_kwargs) -> Optional[Tuple[str, List[int], VisionInputs]]:
-    """(prompt text, expanded token ids, media) of a request with media; None when it has none."""
+    """(prompt text, expanded token ids, media) of a request with media; None when it has none.
+    `opts`: the request's spec (spec.read), or its PredictOptions."""
     parts = lm.vision
-    use_template = opts.Messages and (opts.UseTokenizerTemplate or not opts.Prompt)
-    if not has_media(opts) and (use_template or not (MEDIA_MARKER in opts.Prompt
-                                                     or re.search(VIDEO_MARKER, opts.Prompt))):
+    spec = spec_.read(lm, opts)
+    use_template = spec.chat_rendered
+    if not spec.has_media and (use_template or not (MEDIA_MARKER in spec.prompt
+                                                    or re.search(VIDEO_MARKER, spec.prompt))):
         return None  # text only: the text path, exactly as for a text model
-    _refuse_kinds(parts, opts)
-    _check_before_decoding(parts, opts)
-    opened, hashes, extents = _open_images(opts)
+    _refuse_kinds(parts, spec)
+    _check_before_decoding(parts, spec)
+    opened, hashes, extents = _open_images(spec)
     with tempfile.TemporaryDirectory(prefix="mlx-video-") as folder:
-        videos, video_hashes, video_extents = _open_videos(parts, opts, folder)
+        videos, video_hashes, video_extents = _open_videos(parts, spec, folder)
         _within_budget(media_bounds.check_pixels, parts.bounds, extents + video_extents)
         images = [decode_image(f"Images[{i}]", img) for i, img in enumerate(opened)]
         _check_videos_decode(videos)
         if use_template:
-            text = _chat_prompt(lm, opts, tools, len(images), len(videos), template_kwargs)
+            text = _chat_prompt(lm, spec, tools, len(images), len(videos), template_kwargs)
             hashes += video_hashes  # the order they take in the rendered message
         else:
-            text, hashes = _raw_prompt(parts, opts.Prompt, hashes, video_hashes)
+            text, hashes = _raw_prompt(parts, spec.prompt, hashes, video_hashes)
         ids, arrays = _expand(lm, text, images, videos)
     if (images or videos) and not set(ids) & set(parts.media_token_ids):
         raise OptionError("Images: the prompt has no place for them (the chat template rendered none)")

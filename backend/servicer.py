@@ -1,0 +1,292 @@
+"""The Backend service: proto messages -> preparation -> engine -> proto replies.
+
+The servicer is thin: it turns proto messages into engine work (prepared on the
+preparation thread) and engine results into replies (replies.py). It asks a loaded
+model what it serves (`lm.serves`), never which library or kind serves it. Every
+RPC's failure leaves through the one status map (status_map.answered). The event
+loop never runs MLX or blocks; the engine thread does all model work.
+"""
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import backend_pb2
+import backend_pb2_grpc
+from common import model_identity
+from common.python_utils import OptionError
+import limits
+import load_options
+import prepare
+import replies
+import rpc_gate
+from rpc_gate import gated
+from status_map import answered, answered_stream
+from engine import Engine, EngineConfig, EngineError, spec_config
+from loaders import adapt_options, media_bounds, model_loader
+
+log = logging.getLogger("mlx-backend")
+
+LOADED_MESSAGE = "MLX model loaded successfully"  # LoadModel's answer, as LocalAI's mlx backend words it
+# Threads are made only when every existing one is busy, so this is a ceiling, not a cost:
+# requests whose template render runs up to its time bound hold one each, and the
+# ordinary requests next to them still find a free one.
+PREP_THREADS = 16
+
+
+@dataclass
+class LoadPlan:
+    """A LoadModel's request read and checked, before anything loads."""
+    options: Any  # load_options.Settings
+    spec: model_loader.LoadSpec
+    config: EngineConfig
+    text_limits: limits.TextLimits
+    speculation: Any  # spec_config's settings
+
+
+def read_load(request, distributed: bool) -> LoadPlan:
+    """Every option and field of a ModelOptions checked (OptionError names the bad one); the engine
+    gets them typed."""
+    options = load_options.parse(request.Options)
+    spec = model_loader.LoadSpec(
+        model=request.Model, model_file=request.ModelFile, model_path=request.ModelPath,
+        options=options,
+        context_size=(load_options.check("context_size", request.ContextSize, "ContextSize")
+                      if request.ContextSize else options.context_size or 0),
+        dtype=load_options.check("dtype", request.DType, "DType") if request.DType else options.dtype,
+        trust_remote_code=request.TrustRemoteCode or options.trust_remote_code,
+        adapters=adapt_options.lora_requests(
+            request.LoraAdapter, request.LoraScale, request.LoraAdapters, request.LoraScales),
+        kv=adapt_options.kv_spec(request.CacheTypeKey, request.CacheTypeValue, options),
+        media=media_bounds.from_load(options, {f: getattr(request, f) for f in media_bounds.HOST_FIELDS}))
+    config = EngineConfig.from_settings(options)
+    text_limits = limits.from_options(options)
+    speculation = spec_config.parse(options, request.DraftModel)
+    if speculation.mode == "draft" and distributed:
+        raise OptionError("DraftModel: a draft model is not served across ranks")
+    return LoadPlan(options, spec, config, text_limits, speculation)
+
+
+def _tag(label: str) -> str:
+    return f" ({label})" if label else ""
+
+
+class BackendServicer(backend_pb2_grpc.BackendServicer):
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        # Chat templates and tokenizers run here, off the event loop.
+        self.prep = concurrent.futures.ThreadPoolExecutor(max_workers=PREP_THREADS, thread_name_prefix="prep")
+        # Models load here while the engine keeps serving the old one; one load at a time.
+        self.loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="load")
+        self.load_lock = asyncio.Lock()
+        self.gate = rpc_gate.RpcGate(load_options.ROWS["max_concurrent_rpcs"].default)
+
+    # ---- helpers ------------------------------------------------------------
+
+    def _on_prep(self, fn, *args):
+        return asyncio.get_running_loop().run_in_executor(self.prep, fn, *args)
+
+    def _loaded(self):
+        if not self.engine.alive:
+            raise EngineError("UNAVAILABLE", f"mlx: the engine has stopped ({self.engine.dead or 'gone'})")
+        lm = self.engine.model  # read once: the engine may swap it at any time
+        if lm is None:
+            raise EngineError("FAILED_PRECONDITION", "mlx: model not loaded")
+        return lm
+
+    def _check_identity(self, lm, identity: str):
+        refusal = model_identity.identity_mismatch(lm.name, identity)
+        if refusal is not None:
+            raise EngineError("NOT_FOUND", f"mlx: {refusal}")
+
+    async def _prepared(self, request):
+        """The engine Request for a PredictOptions (its failures leave through status_of)."""
+        lm = self._loaded()
+        self._check_identity(lm, request.ModelIdentity)
+        serves = lm.serves
+        if not serves.generate:
+            raise OptionError(f"the loaded model is {serves.what}: it serves {prepare.served_rpcs(serves)} only")
+        with self.engine.arriving():  # the engine may wait for it to prefill a burst together
+            return await self._on_prep(prepare.build_request, lm, request)
+
+    def _cancel_when_done(self, context, req) -> None:
+        # gRPC may only cancel the handler at its next write, a decode step
+        # later; the done callback fires as soon as the client goes away.
+        context.add_done_callback(lambda _: self.engine.cancel(req.id))
+
+    async def _forward(self, context, request, prep, *args):
+        """Prepare forward jobs on the prep thread, run them on the engine: (model, results)."""
+        lm = self._loaded()
+        self._check_identity(lm, request.ModelIdentity)
+        serves = lm.serves
+        if not (serves.embed or serves.score or serves.rerank):
+            raise OptionError(f"Embedding, Score and Rerank are not served for {serves.what}")
+        with self.engine.arriving():  # concurrent embeddings arriving together share one pass
+            jobs = await self._on_prep(prep, lm, request, *args)
+        # When the call ends early (deadline, client gone) its jobs leave the engine's queue.
+        context.add_done_callback(
+            lambda _: [setattr(j, "cancelled", True) for j in (jobs if isinstance(jobs, list) else [jobs])])
+        if not isinstance(jobs, list):
+            return lm, await self.engine.forward(jobs)
+        return lm, await asyncio.gather(*(self.engine.forward(j) for j in jobs))
+
+    # ---- the host's view: health, status, metrics ----------------------------------
+
+    @answered
+    async def Health(self, request, context):
+        trouble = self.engine.trouble()
+        if trouble is not None:  # dead, failing or stuck: the host then restarts this process
+            raise EngineError("UNAVAILABLE", f"mlx: {trouble}")
+        return backend_pb2.Reply(message=b"OK")
+
+    @answered
+    async def Status(self, request, context):
+        State = backend_pb2.StatusResponse.State
+        if self.engine.trouble() is not None:  # dead, failing or stuck, as Health says
+            state = State.ERROR
+        elif self.engine.model is None:
+            state = State.UNINITIALIZED
+        else:
+            state = State.BUSY if self.engine.busy else State.READY
+        mem = dict(self.engine.memory)
+        return backend_pb2.StatusResponse(
+            state=state, memory=backend_pb2.MemoryUsageData(total=mem.get("active", 0), breakdown=mem))
+
+    @answered
+    async def GetMetrics(self, request, context):
+        m = self.engine.metrics
+        return backend_pb2.MetricsResponse(
+            tokens_per_second=m["tokens_per_second"], tokens_generated=m["tokens_generated"],
+            prompt_tokens_processed=m["prompt_tokens_processed"])
+
+    # ---- loading ----------------------------------------------------------------
+
+    @answered
+    async def LoadModel(self, request, context):
+        try:
+            plan = read_load(request, distributed=hasattr(self.engine, "load_model"))
+        except OptionError as e:
+            return backend_pb2.Result(success=False, message=f"invalid option: {e}")
+        except Exception as e:  # a load answers success=false, whatever went wrong (a bug: logged)
+            log.exception("LoadModel: reading its options failed")
+            return backend_pb2.Result(success=False, message=f"{type(e).__name__}: {e}")
+        async with self.load_lock:
+            try:
+                lm = await self._load(plan, request.DraftModel)
+            except (model_loader.ModelNotFound, model_loader.ModelLoadError, EngineError) as e:
+                log.error("LoadModel failed: %s", e)
+                return backend_pb2.Result(success=False, message=str(e))
+            except Exception as e:
+                log.exception("LoadModel failed")
+                return backend_pb2.Result(success=False, message=f"{type(e).__name__}: {e}")
+        log.info("LoadModel: serving %s (dtype %s, context %d)", lm.source, lm.dtype, lm.context_size)
+        # The host only logs the message: LocalAI's wording, the details are in our log.
+        return backend_pb2.Result(success=True, message=LOADED_MESSAGE)
+
+    async def _load(self, plan: LoadPlan, draft_model: str):
+        """Load the plan's model and swap it into the engine (under the load lock)."""
+        if plan.options.free_before_load:  # for machines that cannot hold two models at once
+            await asyncio.wrap_future(self.engine.swap(None))
+        # The old model keeps serving while the new one loads on its own thread.
+        load = getattr(self.engine, "load_model", model_loader.load)  # lockstep: on every rank
+        loop = asyncio.get_running_loop()
+        lm = await loop.run_in_executor(self.loader, load, plan.spec)
+        lm = await loop.run_in_executor(
+            self.loader, spec_config.attach, lm, plan.speculation, plan.spec, draft_model)
+        lm.derived[limits.KEY] = plan.text_limits
+        await asyncio.wrap_future(self.engine.swap(lm, plan.config))
+        self.gate.limit = plan.options.max_concurrent_rpcs
+        return lm
+
+    @answered
+    async def Free(self, request, context):
+        try:
+            async with self.load_lock:
+                await asyncio.wrap_future(self.engine.swap(None))
+        except EngineError as e:
+            return backend_pb2.Result(success=False, message=str(e))
+        return backend_pb2.Result(success=True, message="model freed")
+
+    # ---- generation and tokens ----------------------------------------------------
+
+    @answered_stream
+    @gated
+    async def PredictStream(self, request, context):
+        req = await self._prepared(request)
+        self._cancel_when_done(context, req)
+        async for ev in self.engine.stream(req):
+            if ev.deltas or ev.finish:
+                yield replies.reply(ev, ev.deltas)
+
+    @answered
+    @gated
+    async def Predict(self, request, context):
+        req = await self._prepared(request)
+        self._cancel_when_done(context, req)
+        deltas, last = [], None
+        async for ev in self.engine.stream(req):
+            deltas.extend(ev.deltas)
+            last = ev
+        return replies.reply(last, [replies.merge_deltas(deltas)])
+
+    @answered
+    @gated
+    async def TokenizeString(self, request, context):
+        lm = self._loaded()
+        self._check_identity(lm, request.ModelIdentity)
+        tokens = await self._on_prep(prepare.prompt_tokens, lm, request)
+        return backend_pb2.TokenizationResponse(length=len(tokens), tokens=tokens)
+
+    @answered
+    @gated
+    async def Detokenize(self, request, context):
+        lm = self._loaded()
+        # Counted before anything is copied out of the message; checked and decoded off the loop.
+        bound = limits.of(lm).max_detokenize_tokens
+        if len(request.tokens) > bound:
+            raise OptionError(f"tokens: {len(request.tokens)} ids; at most {bound} (option max_detokenize_tokens)")
+        text = await self._on_prep(replies.detokenize, lm, request.tokens)
+        return backend_pb2.DetokenizeResponse(content=text)
+
+    @answered
+    @gated
+    async def ModelMetadata(self, request, context):
+        return await self._on_prep(replies.model_metadata, self._loaded())
+
+    # ---- forward work: Embedding, Score, Rerank ----------------------------------------
+
+    @answered
+    @gated
+    async def Embedding(self, request, context):
+        started = time.perf_counter()
+        lm, result = await self._forward(context, request, prepare.embed_job)
+        out = replies.embedding_result(lm, result)
+        log.info("embedding%s: %d tokens -> %d x %d in %.0f ms", _tag(request.CorrelationId),
+                 result.prompt_tokens, out.tokens, out.dim, (time.perf_counter() - started) * 1000)
+        return out
+
+    @answered
+    @gated
+    async def Score(self, request, context):
+        started = time.perf_counter()
+        lm, result = await self._forward(context, request, prepare.score_request)
+        reply = await self._on_prep(
+            replies.score_response, lm, result, request.length_normalize, request.include_token_logprobs)
+        log.info("score: %d candidates, %d tokens evaluated (%d cached) in %.0f ms", len(result.tokens),
+                 result.prompt_tokens, result.cached_tokens, (time.perf_counter() - started) * 1000)
+        return reply
+
+    @answered
+    @gated
+    async def Rerank(self, request, context):
+        started = time.perf_counter()
+        lm, results = await self._forward(context, request, prepare.rerank_jobs)
+        documents = list(request.documents)
+        scores = prepare.rerank_scores(lm, results)
+        evaluated = sum(r.prompt_tokens for r in results)
+        log.info("rerank: %d documents, %d tokens evaluated in %.0f ms", len(documents), evaluated,
+                 (time.perf_counter() - started) * 1000)
+        return replies.rerank_result(documents, scores, prepare.ranked(scores, request.top_n), evaluated)
