@@ -122,6 +122,9 @@ def build_llava(target: Path, width: int = 32, image_size: int = 56) -> Path:
     return _save_random(target, config, text, vision, lambda name, w: 4 if w.ndim >= 2 else 1)
 
 
+# The vision families a user may load, as the tests build them (tiny_vision).
+FAMILIES = ["qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm"]
+
 VISION = {  # per family: its architecture, processor and vision tower (the text model is the same)
     "qwen2_vl": ("Qwen2VLForConditionalGeneration", "Qwen2VLProcessor", lambda width, depth: {
         "model_type": "qwen2_vl", "depth": depth, "embed_dim": width, "num_heads": 2, "mlp_ratio": 2,

@@ -15,12 +15,11 @@ import pytest
 
 from common.launcher import chat
 from conftest import run_threads, serving
-from vision_fixture import image_b64, tiny_vision
+from vision_fixture import FAMILIES, image_b64, tiny_vision
 from vision_oracle import run
 
 pytestmark = pytest.mark.e2e
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm"]
 QUESTION = "Describe this."
 N = 10
 

@@ -9,7 +9,7 @@ from hypothesis import given, strategies as st
 
 from common.python_utils import OptionError
 from engine import EngineError
-from loaders.model_loader import SERVES
+from loaders.loaded import SERVES
 from prepare import forward as forward_prep
 
 

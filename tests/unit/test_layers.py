@@ -27,8 +27,8 @@ REPO = _repo()
 CONTRACT = {"backend_pb2", "backend_pb2_grpc"}  # generated from backend.proto
 
 # Layers by module name (a package's own name covers its __init__ and everything under it).
-SERVICER = {"backend", "rpc_gate", "localai_backend", "demo", "test"}  # the servicer and the scripts that run it
-PREPARE = {"prepare", "forward_prep", "vision_prepare", "media", "render_guard"}
+SERVICER = {"backend", "servicer", "replies", "status_map", "rpc_gate", "localai_backend", "demo", "test"}  # the servicer and the scripts that run it
+PREPARE = {"prepare"}
 ENGINE = {"engine"}
 LOADERS = {"loaders", "load_options", "limits"}  # load-time options and budgets sit with the loaders
 

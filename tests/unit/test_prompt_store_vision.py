@@ -25,8 +25,7 @@ from engine.sampling import SamplingParams  # noqa: E402
 from engine.vision_batch import VisionBatch  # noqa: E402
 from loaders.vision_model import MediaState  # noqa: E402
 from prepare.media import MEDIA_MARKER  # noqa: E402
-from test_e2e_vision_families import FAMILIES  # noqa: E402
-from vision_fixture import image_b64, tiny_vision  # noqa: E402
+from vision_fixture import FAMILIES, image_b64, tiny_vision  # noqa: E402
 from prepare.vision import vision_prompt  # noqa: E402
 
 PROMPT = f"{MEDIA_MARKER}Describe this picture in one sentence."

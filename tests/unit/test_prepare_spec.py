@@ -10,7 +10,7 @@ import pytest
 import backend_pb2 as pb
 from common.python_utils import OptionError
 import load_options
-from loaders.model_loader import SERVES
+from loaders.loaded import SERVES
 import prepare
 from prepare import sampling, spec as spec_
 from servicer import BackendServicer
