@@ -16,7 +16,8 @@ from common.mlx_utils import OutputRouter
 from common.python_utils import (OptionError, messages_to_dicts, option_float, option_int,
                                  parse_bool, parse_json_field, parse_tools)
 from engine import EngineError, Request, snapshots
-from engine.sampling import SamplingParams, injected_fault
+from engine import faults
+from engine.sampling import SamplingParams
 import limits
 from render_guard import bounded
 
@@ -273,16 +274,6 @@ def sampling_params(opts, options: Dict[str, Any], vocab: int = 1 << 31) -> Samp
     )
 
 
-FAULT_SITES = ("admit", "cache", "engine", "loop", "failing", "stall")  # where Metadata `fault` makes the engine fail
-
-
-def _fault_step(meta, key: str) -> int:
-    try:
-        return int(meta[key])
-    except ValueError:
-        raise OptionError(f"Metadata.{key}: not a number") from None
-
-
 def _rebuildable(processor, *spec):
     """Tag a logits processor with how to build it again, for the other ranks of a group (lockstep)."""
     processor.remote = spec
@@ -300,20 +291,16 @@ def build_request(lm, opts) -> Request:
     vocab = int(lm.config.get("vocab_size") or len(lm.tokenizer))
     sampling = sampling_params(opts, lm.options, vocab)
     sampling.xtc_special_tokens = sorted(lm.tokenizer.eos_token_ids)
-    extra, fault, meta = [], "", dict(opts.Metadata)
-    faults = os.environ.get("MLX_BACKEND_FAULT_INJECTION") == "1"
-    if faults and "fault_at_token" in meta:
-        extra.append(_rebuildable(injected_fault(_fault_step(meta, "fault_at_token")),
-                                  "fault_at", _fault_step(meta, "fault_at_token")))
-    if faults and meta.get("fault") in FAULT_SITES:
-        fault = meta["fault"]
+    extra, meta = [], dict(opts.Metadata)
+    fault = faults.plan(meta)  # tests only (MLX_BACKEND_FAULT_INJECTION=1)
+    if fault.at_token is not None:
+        extra.append(_rebuildable(faults.processor(fault.at_token), "fault_at", fault.at_token))
     from engine import grammar
 
     source = grammar.grammar_source(opts.Grammar, meta, bound.max_json_depth)
     if source is not None:
-        grammar_fault = _fault_step(meta, "grammar_fault_at_token") if faults and "grammar_fault_at_token" in meta else -1
-        extra.append(_rebuildable(grammar.compile_processor(lm, *source, fault_at=grammar_fault),
-                                  "grammar", *source, grammar_fault))
+        extra.append(_rebuildable(faults.grammar(grammar.compile_processor(lm, *source), fault.grammar_at),
+                                  "grammar", *source, fault.grammar_at))
     if not 0 <= opts.NDraft <= 32:
         raise OptionError(f"NDraft: must be within [0, 32] (0: the model's default), got {opts.NDraft}")
     n_draft = opts.NDraft or None
@@ -332,9 +319,11 @@ def build_request(lm, opts) -> Request:
             f"the prompt is {len(tokens)} tokens; the context holds {lm.context_size}")
     asked = opts.Tokens or option_int(lm.options, "max_tokens", 0, minimum=0)
     boundaries = chat_boundaries(lm, opts, tools, text, tokens) if media is None and chat_rendered(opts) else []
-    return Request(prompt=tokens, max_tokens=min(asked or room, room), open_ended=not asked, sampling=sampling,
-                   stops=[s for s in opts.StopPrompts if s], model_epoch=lm.epoch, fault=fault,
-                   label=opts.CorrelationId, ignore_eos=opts.IgnoreEOS,
-                   logprobs=opts.Logprobs > 0 or opts.TopLogprobs > 0,
-                   top_logprobs=opts.TopLogprobs, processors=extra, n_draft=n_draft, media=media,
-                   router=OutputRouter.for_tokenizer(lm.tokenizer, tools, text), boundaries=boundaries)
+    request = Request(prompt=tokens, max_tokens=min(asked or room, room), open_ended=not asked, sampling=sampling,
+                      stops=[s for s in opts.StopPrompts if s], model_epoch=lm.epoch,
+                      label=opts.CorrelationId, ignore_eos=opts.IgnoreEOS,
+                      logprobs=opts.Logprobs > 0 or opts.TopLogprobs > 0,
+                      top_logprobs=opts.TopLogprobs, processors=extra, n_draft=n_draft, media=media,
+                      router=OutputRouter.for_tokenizer(lm.tokenizer, tools, text), boundaries=boundaries)
+    faults.attach(request, fault)
+    return request

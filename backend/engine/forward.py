@@ -40,7 +40,8 @@ class EmbedJob:
     normalize: bool
     model_epoch: int = 0
     label: str = ""
-    cancelled: bool = False  # set by the servicer when its call ends; the job then leaves the queue
+    cancelled: bool = False  # set when its call ends (Engine.cancel, or the servicer); it then leaves the queue
+    id: int = 0  # given by Engine.forward
 
 
 @dataclass
@@ -62,6 +63,7 @@ class ScoreJob:
     model_epoch: int = 0
     label: str = ""
     cancelled: bool = False  # as EmbedJob.cancelled
+    id: int = 0
 
 
 @dataclass
@@ -115,6 +117,14 @@ class ForwardWork:
 
     def add(self, job, sink) -> None:
         self.queue.append(_Pending(job, sink, time.perf_counter()))
+
+    def cancel(self, job_id: int) -> bool:
+        """Mark a queued job cancelled (it leaves at the next chunk); whether it was here."""
+        for p in self.queue:
+            if p.job.id == job_id:
+                p.job.cancelled = True
+                return True
+        return False
 
     def drop_all(self) -> List[tuple]:
         """Every queued job, as (sink, job) pairs, out of the queue."""
@@ -242,6 +252,13 @@ class ForwardWork:
             if self.queue and self.queue[0] is p:
                 self.queue.popleft()
             return [(p.sink, e)]
+
+
+def chunk_plan(lm, configured: int, batch: Callable[[], Any]):
+    """(tokens one chunk may take, what gives the prefix cache to share) for `lm`'s forward work."""
+    if lm.kind == "text":  # a causal LM's chunk is its prefill chunk, and it shares its batch's prefix cache
+        return configured or batch().prefill_step_size, lambda: batch().cache
+    return configured or 1024, lambda: None  # an encoder is small: more rows per pass
 
 
 def _hidden_states(lm, inputs: List[List[int]]):
