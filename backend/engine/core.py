@@ -5,13 +5,14 @@ Swap, Stop, Lost; forward.Forward) and leaves as Events, handed to the event loo
 pass for all requests together. Streams run in one Batch (batch.py: the text or vision
 batch, speculation and lockstep wrap it), each with its own sampler, logits processors,
 token budget and text pipeline; forward work (embeddings, scores) runs a bounded chunk
-between two steps. Admission and the KV budget are admission.py's; what a variant of the
-engine changes (lockstep) comes in as Hooks.
+between two steps. A stream's way from arrival to its last event is streams.py's (with
+admission.py's queue and KV budget); what a variant of the engine changes (lockstep) comes
+in as Hooks.
 
-Every request gets exactly one terminal event (a finish or an error) on every path: `_end`
-is the only place a stream or a forward job leaves the engine, failures become errors in
-one place (requests.failure), and a failure is confined to the request it belongs to
-whenever that request is known.
+Every request gets exactly one terminal event (a finish or an error) on every path:
+Streams.end is the only place a stream or a forward job leaves the engine, failures become
+errors in one place (requests.failure), and a failure is confined to the request it
+belongs to whenever that request is known.
 """
 
 import asyncio
@@ -21,21 +22,17 @@ import gc
 import itertools
 import logging
 import queue
-import sys
 import threading
 import time
-from collections import deque
-from typing import Any, AsyncIterator, Callable, Deque, Dict, List, Optional
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
-from common.mlx_utils import TextPipeline
-from engine import faults
-from engine.admission import Admission
-from engine.batch import Failed, open_batch
 from engine.config import EngineConfig
 from engine.forward import Cancelled, Forward, ForwardWork, chunk_plan
+from engine.health import Pulse
 from engine.hooks import Hooks
-from engine.requests import (Cancel, EngineError, Event, Lost, Request, Sink, Slot, Stop, Submit, Swap, deliver,
-                             failure, refused, stopped)
+from engine.requests import (Cancel, EngineError, Event, Lost, Request, Sink, Stop, Submit, Swap, failure, hand_over,
+                             stopped)
+from engine.streams import Streams
 
 __all__ = ["Engine", "EngineConfig", "EngineError", "Event", "Request", "Stop"]
 
@@ -51,11 +48,6 @@ COALESCE_S = 0.1
 QUIET_S = 0.003
 
 PROMPT_CACHE_DRAIN_S = 2.0  # at shutdown, the longest the prefix cache's disk writes may take
-LOOP_BACKOFF_MAX_S = 0.5  # the longest pause between two passes of a loop that keeps failing
-
-
-def _backoff(failures: int) -> float:
-    return min(0.001 * 2 ** (failures - 2), LOOP_BACKOFF_MAX_S)
 
 
 class Engine:
@@ -71,19 +63,11 @@ class Engine:
         self._lock = threading.Lock()  # orders submissions against the engine's death
         self._inbox: "queue.SimpleQueue" = queue.SimpleQueue()
         self._ids = itertools.count(1)
-        self._slots: Dict[int, Slot] = {}  # running, by batch uid
-        self._waiting: Deque[Slot] = deque()
         self._outbox: List[tuple] = []  # (sink, event) to hand over at the end of the pass
-        self._text = None  # the Batch of the current model, built on first use
+        self._streams = Streams(self._outbox, self.metrics, self.hooks)
         self._forward = ForwardWork()  # embeddings and scores, run a chunk at a time between steps
-        self._admission = Admission()
-        self._faults = faults.Loop()
         self._stopping = False
-        # For Health (read from the event loop): when the current pass began, whether the thread
-        # is only waiting for work, and since when every pass has failed.
-        self._beat = time.monotonic()
-        self._idle = False
-        self._failing_since: Optional[float] = None
+        self._pulse = Pulse()  # for Health, read from the event loop
         self.on_close: Optional[Callable[[str], None]] = None  # told, from the engine thread, why it ended
         self._thread = threading.Thread(target=self._run, name="mlx-engine", daemon=True)
         self._thread.start()
@@ -92,7 +76,7 @@ class Engine:
 
     @property
     def busy(self) -> bool:
-        return bool(self._slots or self._waiting or self._forward.pending)
+        return bool(self._streams.slots or self._streams.waiting or self._forward.pending)
 
     @contextlib.contextmanager
     def arriving(self):
@@ -114,15 +98,7 @@ class Engine:
         than health_timeout), or None. Any thread; Health turns not-serving on it."""
         if not self.alive:
             return f"the engine has stopped ({self.dead or 'gone'})"
-        now, limit = time.monotonic(), self.config.health_timeout
-        since = self._failing_since
-        if since is not None and now - since > limit:
-            return f"every engine pass has failed for {now - since:.1f}s (bound: option health_timeout={limit:g}s)"
-        idle, beat = self._idle, self._beat  # idle first: see _drain_inbox
-        if not idle and now - beat > limit:
-            return (f"the engine has been inside one call for {now - beat:.1f}s "
-                    f"(bound: option health_timeout={limit:g}s)")
-        return None
+        return self._pulse.trouble(self.config.health_timeout)
 
     def _put(self, command) -> None:
         with self._lock:
@@ -190,9 +166,9 @@ class Engine:
         with self._lock:
             self.dead = cause
         error = stopped(cause)
-        items = [(s.sink, Event(error=error)) for s in list(self._slots.values()) + list(self._waiting)
+        items = [(s.sink, Event(error=error)) for s in list(self._streams.slots.values()) + list(self._streams.waiting)
                  if not s.done]
-        _hand_over(items)
+        hand_over(items)
 
     # ---- engine thread: the loop ------------------------------------------
 
@@ -203,21 +179,22 @@ class Engine:
 
             self._mx = mx
             self._stream = mx.default_stream(mx.default_device())
-            last_mem, failures = 0.0, 0
+            self._streams.mx, self._streams.stream = mx, self._stream
+            last_mem = 0.0
             while not self._stopping:
-                self._beat = now = time.monotonic()
+                self._pulse.beat = now = time.monotonic()
                 try:
-                    self._faults.at_pass(now)  # tests only: a fault on every pass
+                    self._streams.faults.at_pass(now)  # tests only: a fault on every pass
                     idle = not self.busy
                     if idle or now - last_mem > 0.5:  # fresh figures for Status, cheap
                         self._update_memory()
                         last_mem = now
                     self._pass(idle)
-                    failures, self._failing_since = 0, None
+                    self._pulse.passed()
                 except Exception:  # a bug in the batch as a whole: fail what runs, keep serving
-                    failures += 1
-                    self._failing_since = self._failing_since or self._beat
-                    self._loop_failed(failures)
+                    self._pulse.failed()
+                    self._streams.fail_running(failure("loop"))
+                    self._pulse.pause()
                 finally:
                     self._flush()
         except BaseException as e:
@@ -231,33 +208,17 @@ class Engine:
         self._drain_inbox(None if idle else self._hold())
         self._flush()
         if not self._hold():
-            self._admit()
+            self._streams.admit()
             # A lone request's first token is sampled at admission (the direct path):
             # out now, not with the next step's (that cost its TTFT one decode step,
             # 60-90 ms of a ~240 ms warm TTFT on SmolLM2 f32, bench_prefix.py).
             self._flush()
-        if self._slots:
-            self._beat = time.monotonic()  # Health times each call of the pass: admit, step, chunk
+        if self._streams.slots:
+            self._pulse.beat = time.monotonic()  # Health times each call of the pass: admit, step, chunk
             self._step()
-        self._beat = time.monotonic()
+        self._pulse.beat = time.monotonic()
         if self._forward.pending and not self._hold():
             self._forward_chunk()
-
-    def _loop_failed(self, failures: int) -> None:
-        """A pass of the loop raised (`failures` passes in a row): fail what runs, keep serving.
-
-        A fault that recurs on every pass must neither flood the log nor spin a core:
-        the first one is logged with its traceback, repeats at 2, 4, 8... in a row, and
-        the loop pauses 1 ms, 2 ms, 4 ms... (at most LOOP_BACKOFF_MAX_S) before the next pass.
-        """
-        if failures == 1:
-            log.exception("engine step failed; failing the running requests")
-        elif failures & (failures - 1) == 0:
-            log.error("engine step failed %d times in a row (%s); pausing %.0f ms between passes",
-                      failures, sys.exc_info()[1], _backoff(failures) * 1000)
-        self._fail_running(failure("loop"))
-        if failures > 1:
-            time.sleep(_backoff(failures))
 
     def _close(self, cause: str) -> None:
         """No command is accepted any more; everything still inside gets its last event."""
@@ -265,17 +226,17 @@ class Engine:
         with self._lock:
             self.dead = cause
         error = stopped(cause)
-        for slot in list(self._slots.values()) + list(self._waiting):
-            self._end(slot, Event(error=error))
+        for slot in list(self._streams.slots.values()) + list(self._streams.waiting):
+            self._streams.end(slot, Event(error=error))
         for sink, _ in self._forward.drop_all():
-            self._end(sink, Event(error=error))
+            self._streams.end(sink, Event(error=error))
         while True:
             try:
                 command = self._inbox.get_nowait()
             except queue.Empty:
                 break
             if isinstance(command, (Submit, Forward)):
-                self._end(command.sink, Event(error=error))
+                self._streams.end(command.sink, Event(error=error))
             elif isinstance(command, Swap):
                 command.done.set_exception(error)
         self._flush()
@@ -291,9 +252,10 @@ class Engine:
         if self._outbox:
             if not self.busy and getattr(self, "_mx", None) is not None:  # the last events: what Status reads is current first
                 self._update_memory()
-            batch, self._outbox = self._outbox, []
-            _hand_over(batch)
-        self.hooks.flushed(self._text)
+            batch = list(self._outbox)
+            self._outbox.clear()
+            hand_over(batch)
+        self.hooks.flushed(self._streams.batch)
 
     def _hold(self) -> float:
         """How long a lone request waits for others arriving, to be prefilled with them.
@@ -304,24 +266,25 @@ class Engine:
         embeddings). So the oldest waits while others are being prepared and until
         arrivals pause for QUIET_S, at most COALESCE_S. Nothing waits while the batch runs.
         """
-        if self._slots:
+        if self._streams.slots:
             return 0.0
         now = time.perf_counter()
         quiet = float("inf") if self.preparing > 0 else self.last_arrival + QUIET_S
-        firsts = [t for t in (self._waiting[0].t_arrived if self._waiting else None,
+        waiting = self._streams.waiting
+        firsts = [t for t in (waiting[0].t_arrived if waiting else None,
                               self._forward.first_arrival()) if t is not None]
         return max([0.0] + [min(t + COALESCE_S, quiet) - now for t in firsts])
 
     def _drain_inbox(self, timeout: Optional[float]) -> None:
         """Handle every command in the inbox, first waiting up to `timeout` (None: forever) for one."""
-        self._idle = timeout is None  # nothing to do until a command arrives: not stuck
+        self._pulse.idle = timeout is None  # nothing to do until a command arrives: not stuck
         try:
             command = self._inbox.get(timeout=timeout) if timeout != 0 else self._inbox.get_nowait()
         except queue.Empty:
             return
         finally:
-            self._beat = time.monotonic()  # before _idle clears, so Health never sees a stale beat
-            self._idle = False
+            self._pulse.beat = time.monotonic()  # before idle clears, so Health never sees a stale beat
+            self._pulse.idle = False
         while True:
             self._handle(command)
             try:
@@ -331,16 +294,17 @@ class Engine:
 
     def _handle(self, command) -> None:
         if isinstance(command, Submit):
-            self._enqueue(command.request, command.sink)
+            self._streams.enqueue(command.request, command.sink)
         elif isinstance(command, Forward):
             self._enqueue_forward(command)
         elif isinstance(command, Cancel):
-            self._cancel(command.request_id)
+            if not self._forward.cancel(command.request_id):  # a job leaves at the next chunk
+                self._streams.cancel(command.request_id)
         elif isinstance(command, Swap):
             if command.done.set_running_or_notify_cancel():
                 try:
                     self._swap(command.model, command.config)
-                    self._beat = time.monotonic()  # a slow swap (its full collection) is no stuck pass
+                    self._pulse.beat = time.monotonic()  # a slow swap (its full collection) is no stuck pass
                     command.done.set_result(command.model)
                 except BaseException as e:  # delivered to the caller, then the engine goes on
                     command.done.set_exception(e)
@@ -363,230 +327,29 @@ class Engine:
         if not disk_tier.drain_all(PROMPT_CACHE_DRAIN_S):
             log.warning("prompt cache: shutting down with disk writes still queued")
 
-    # ---- a request's way in -------------------------------------------------------
-
-    def _refusal(self, model_epoch: int) -> Optional[EngineError]:
-        """Why work prepared for model `model_epoch` cannot be taken, or None."""
-        if self.model is None:
-            return failure("not loaded")
-        if model_epoch != self.model.epoch:
-            return failure("reloaded")
-        return None
-
-    def _enqueue(self, request: Request, sink: Sink) -> None:
-        lm = self.model
-        slot = Slot(request=request, sink=sink, pipeline=None, t_arrived=time.perf_counter())
-        error = self._refusal(request.model_epoch)
-        if error is None:
-            slot.kv_bytes, why = self._admission.reserve(request, lm, self.config, len(self._slots),
-                                                         len(self._waiting))
-            if why is not None:
-                log.info("request %d refused: %s", request.id, why)
-                error = refused(why)
-        if error is not None:
-            self._end(slot, Event(error=error))
-            return
-        slot.pipeline = TextPipeline(lm.detokenizer(), request.stops, request.router)
-        self._waiting.append(slot)
-
-    def _enqueue_forward(self, command: Forward) -> None:
-        error = self.hooks.forward_refusal() or self._refusal(command.job.model_epoch)
-        if error is not None:
-            self._end(command.sink, Event(error=error))
-        else:
-            self._forward.add(command.job, command.sink)
-
-    def _cancel(self, request_id: int) -> None:
-        if self._forward.cancel(request_id):
-            return  # it leaves at the next chunk, with the jobs dropped there
-        for slot in list(self._waiting) + list(self._slots.values()):
-            if slot.request.id != request_id:
-                continue
-            if slot.uid not in self._slots:
-                self._end(slot, slot.event(finish="cancelled"))
-                return
-            # Only a request that reached decoding has a cache known to be whole
-            # (a prompt batch mid-prefill may still hold padding).
-            cache, tokens = self._take(slot, keep_cache=bool(slot.t_first))
-            self._finish(slot, "cancelled", [], cache, tokens)
-            return
-
-    def _admit(self) -> None:
-        if self._waiting:
-            self._batch().waiting(len(self._waiting))  # company: a stream running apart comes back
-        while self._waiting and len(self._slots) < self.config.max_sequences:
-            slot = self._waiting[0]  # stays in the queue, where a failure still finds it, until placed
-            if not self._admission.fits(slot, self._slots.values()):  # it waits (in order) for running ones to end
-                break
-            req = slot.request
-            slot.t_admit = time.perf_counter()
-            # Alone, a short rest is prefilled at once and its first token sampled directly.
-            direct = not self._slots and len(self._waiting) == 1
-            try:
-                self._faults.at_admission(req)  # tests only
-                uid, slot.cached, first = self._batch().admit(
-                    req.prompt, req.max_tokens, req.sampling, req.processors, req.ignore_eos,
-                    on_error=lambda e, slot=slot: self._sampling_failed(slot, e), direct=direct,
-                    boundaries=req.boundaries, request=req,
-                    **({"media": req.media} if req.media is not None else {}))
-            except Exception as e:  # this request alone: the batch is as it was
-                log.exception("request %d: admission failed", req.id)
-                self._end(slot, Event(error=failure("admission", e)))
-                continue
-            self._waiting.popleft()
-            if uid >= 0:
-                slot.uid = uid
-                self._slots[uid] = slot
-            self.metrics["prompt_tokens_processed"] += len(req.prompt) - slot.cached
-            log.debug("request %d admitted: %d prompt tokens, %d cached", req.id, len(req.prompt), slot.cached)
-            if first is not None and slot.error is None:
-                self._token(slot, first)
-            if slot.error is not None:  # its sampler, processors or pipeline failed on the first token
-                self._fail(slot, slot.error)
-
-    def _batch(self):
-        if self._text is None:
-            from engine import disk_tier
-
-            budget = self.config.prompt_cache_disk_bytes
-            disk = disk_tier.default_disk_bytes(disk_tier.folder_root()) if budget is None else budget
-            batch = open_batch(self.model, self.config, self._stream, self._mx,
-                               disk_bytes=disk if self.hooks.disk_tier else 0, speculate=self.hooks.speculate)
-            self._text = self.hooks.wrap(batch, self.config)
-        return self._text
-
-    @staticmethod
-    def _sampling_failed(slot: Slot, e: Exception) -> None:
-        log.error("request %d: its sampler or logits processor failed", slot.request.id, exc_info=e)
-        if slot.error is None:
-            slot.error = failure("sampling", e)
-
-    # ---- one step -------------------------------------------------------------------
-
     def _step(self) -> None:
-        started = time.perf_counter()
-        produced = 0
-        batch = self._text
-        batch.waiting(len(self._waiting))
-        for r in batch.step():
-            slot = self._slots.get(r.uid)
-            if isinstance(r, Failed):
-                if slot is not None:
-                    log.error("request %d: %s failed", slot.request.id, r.what, exc_info=r.error)
-                    slot.error = slot.error or failure(r.what, r.error)
-                continue
-            produced += 1
-            if slot is not None and not slot.done and slot.error is None:
-                self._token(slot, r)
-        for slot in [s for s in self._slots.values() if s.error is not None]:
-            self._fail(slot, slot.error)
-        if produced:
-            self.metrics["tokens_generated"] += produced
-            rate = produced / max(time.perf_counter() - started, 1e-6)
-            self.metrics["tokens_per_second"] = 0.8 * self.metrics["tokens_per_second"] + 0.2 * rate
-
-    def _token(self, slot: Slot, r) -> None:
-        try:
-            self._on_token(slot, r)
-        except Exception as e:  # this request's text pipeline: it alone fails
-            log.exception("request %d failed on token %d", slot.request.id, r.token)
-            slot.error = slot.error or failure("token", e)
-
-    def _on_token(self, slot: Slot, r) -> None:
-        """One generated token of one request."""
-        if not slot.t_first:
-            slot.t_first = time.perf_counter()
-        if r.finish_reason == "stop":  # an end-of-sequence token: not text
-            self._finish(slot, "stop", slot.pipeline.finalize(), r.prompt_cache, r.all_tokens)
-            return
-        slot.tokens += 1
-        if slot.request.logprobs:
-            from engine.logprobs import entry
-
-            slot.logprobs.append(entry(self.model.tokenizer, r.token, r.logprobs, slot.request.top_logprobs))
-        deltas = slot.pipeline.add_token(r.token)
-        if slot.pipeline.stopped:  # a stop string: out of the batch, its cache kept
-            cache, tokens = self._take(slot, keep_cache=True)
-            self._finish(slot, "stop", deltas + slot.pipeline.finalize(), cache, tokens)
-        elif r.finish_reason == "length":
-            self._finish(slot, "length", deltas + slot.pipeline.finalize(), r.prompt_cache, r.all_tokens)
-        elif deltas:
-            self._outbox.append((slot.sink, slot.event(deltas)))
-
-    # ---- a request's way out ----------------------------------------------------------
-
-    def _take(self, slot: Slot, keep_cache: bool):
-        """Take a running request out of the batch: (its cache, tokens) or Nones."""
-        return self._text.remove([slot.uid], keep_cache=keep_cache).get(slot.uid, (None, None))
-
-    def _end(self, who, event) -> None:
-        """The one place a stream (its Slot) or a forward job (its Sink) leaves the engine:
-        its terminal event or result, exactly once."""
-        if not isinstance(who, Slot):
-            self._outbox.append((who, event))
-            return
-        slot = who
-        if slot.done:
-            return
-        slot.done = True
-        if self._slots.pop(slot.uid, None) is not None and self._text is not None:
-            slot.note = self._text.forget(slot.uid)
-        try:
-            self._waiting.remove(slot)
-        except ValueError:
-            pass
-        self._outbox.append((slot.sink, event))
-        if event.error is not None:
-            log.info("request %d%s failed: %s: %s", slot.request.id, slot.label, event.error.code, event.error)
-        else:
-            log.info("request %d%s %s: prompt %d tokens (%d cached), completion %d tokens, "
-                     "prefill %.0f ms, decode %.0f ms%s%s", slot.request.id, slot.label, event.finish,
-                     event.prompt_tokens, event.cached_tokens, event.tokens, event.prompt_ms, event.gen_ms,
-                     f" ({event.tokens * 1000.0 / event.gen_ms:.1f} tok/s)" if event.gen_ms > 0 else "",
-                     slot.note)
-
-    def _fail(self, slot: Slot, error: EngineError) -> None:
-        """This request alone failed: out of the batch, then its error."""
-        try:
-            if slot.uid in self._slots and self._text is not None:
-                self._take(slot, keep_cache=False)
-        finally:  # if the batch cannot let go of it, the step's handler resets the batch
-            self._end(slot, Event(error=error))
-
-    def _finish(self, slot: Slot, reason: str, deltas, cache=None, tokens=None) -> None:
-        """A normal end; its KV cache is kept for later prompts when it is whole."""
-        try:
-            faults.check(slot.request, "cache")  # tests only
-            self._text.save(tokens, cache)
-        except Exception:  # the reply is complete: losing its cache entry must not fail it
-            log.exception("request %d: keeping its prompt cache failed", slot.request.id)
-        finally:
-            self._end(slot, slot.event(deltas, finish=reason))
-
-    def _fail_running(self, error: EngineError) -> None:
-        """The batch itself failed: its requests end with `error`, waiting ones start afresh."""
-        for slot in list(self._slots.values()):
-            self._end(slot, Event(error=error))
-        self._reset_batch()
+        """One step of the running streams."""
+        self._streams.step()
 
     def _fail_all(self, error: EngineError) -> None:
-        for slot in list(self._waiting):
-            self._end(slot, Event(error=error))
+        for slot in list(self._streams.waiting):
+            self._streams.end(slot, Event(error=error))
         for sink, _ in self._forward.drop_all():
-            self._end(sink, Event(error=error))
-        self._fail_running(error)
+            self._streams.end(sink, Event(error=error))
+        self._streams.fail_running(error)
 
-    def _reset_batch(self) -> None:
-        self._slots.clear()
-        if self._text is not None:
-            self._text.close()
-        self._text = None
+    def _enqueue_forward(self, command: Forward) -> None:
+        error = self.hooks.forward_refusal() or self._streams.refusal(command.job.model_epoch)
+        if error is not None:
+            self._streams.end(command.sink, Event(error=error))
+        else:
+            self._forward.add(command.job, command.sink)
 
     # ---- forward work ---------------------------------------------------------------------
 
     def _forward_chunk(self) -> None:
         """One bounded chunk of embedding / score work (forward.py), between two decode steps."""
-        budget, prefix = chunk_plan(self.model, self.config.forward_chunk_tokens, self._batch)
+        budget, prefix = chunk_plan(self.model, self.config.forward_chunk_tokens, self._streams.open)
         try:
             done = self._forward.run_chunk(self.model, budget, prefix, self._stream)
         except Exception as e:  # outside any one job (each job's own failure is returned): fail them all
@@ -597,19 +360,19 @@ class Engine:
                 result = Event(error=failure("cancelled"))
             elif isinstance(result, Exception):
                 result = Event(error=failure("forward", result))
-            self._end(sink, result)
+            self._streams.end(sink, result)
 
     # ---- the model ------------------------------------------------------------------------
 
     def _update_memory(self) -> None:
-        mx = self._mx
+        mx, batch = self._mx, self._streams.batch
         self.memory = {
             "active": mx.get_active_memory(),
             "cache": mx.get_cache_memory(),
             "peak": mx.get_peak_memory(),
-            "prompt_cache": self._text.cache_bytes if self._text is not None else 0,
+            "prompt_cache": batch.cache_bytes if batch is not None else 0,
             # Entries, hits (memory, disk), prompt tokens served from it, its files (prompt_store).
-            **(self._text.cache_figures() if self._text is not None else {}),
+            **(batch.cache_figures() if batch is not None else {}),
             # What one cached token costs (kv_cache: quantized or float16 when asked for).
             "kv_bytes_per_token": getattr(self.model, "kv_bytes_per_token", 0),
             "kv_bytes_per_token_float": getattr(self.model, "kv_bytes_per_token_float", 0),
@@ -619,14 +382,14 @@ class Engine:
     def _swap(self, model, config: Optional[EngineConfig]) -> None:
         """Drop the current model, its batch and caches; serve `model` (may be None)."""
         self._fail_all(failure("swapped"))
-        self.model = None
+        self.model = self._streams.model = None
         gc.unfreeze()  # what the old model froze can be collected again
         gc.collect()
         self._mx.clear_cache()
         if config is not None:
             self.config = config
         self.model = model
-        self._admission.reset(model, self.config, self._mx)
+        self._streams.serve(model, self.config)
         # The model's objects live as long as it does: frozen, a full collection skips them and
         # walks only what requests create. Unfrozen, each walked ~460k objects (SmolLM2 with its
         # tokenizer), ~200 ms holding the GIL: a stall of every stream a few times a minute.
@@ -634,14 +397,3 @@ class Engine:
         self._update_memory()
         self.hooks.swapped(model)
 
-
-def _hand_over(items) -> None:
-    """Each (sink, event) to its sink's loop: one wake-up per loop."""
-    by_loop: Dict[Any, list] = {}
-    for sink, event in items:
-        by_loop.setdefault(sink.loop, []).append((sink, event))
-    for loop, batch in by_loop.items():
-        try:
-            loop.call_soon_threadsafe(deliver, batch)
-        except RuntimeError:  # the loop is gone (shutdown): nobody listens
-            pass

@@ -10,7 +10,7 @@ import asyncio
 import concurrent.futures
 import time
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from common.mlx_utils import Delta, OutputRouter, TextPipeline
 from engine.sampling import RequestFailure, SamplingParams
@@ -103,6 +103,18 @@ def deliver(batch) -> None:
     """On the caller's loop: hand each event to its sink."""
     for sink, event in batch:
         sink.queue.put_nowait(event)
+
+
+def hand_over(items) -> None:
+    """From the engine thread, each (sink, event) to its sink's loop: one wake-up per loop."""
+    by_loop: Dict[Any, list] = {}
+    for sink, event in items:
+        by_loop.setdefault(sink.loop, []).append((sink, event))
+    for loop, batch in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(deliver, batch)
+        except RuntimeError:  # the loop is gone (shutdown): nobody listens
+            pass
 
 
 @dataclass(eq=False)
