@@ -103,7 +103,7 @@ class Engine:
     def _put(self, command) -> None:
         with self._lock:
             if self.dead is not None:
-                raise EngineError("UNAVAILABLE", f"mlx: the engine has stopped ({self.dead})")
+                raise stopped(f"the engine has stopped ({self.dead})")
             self._inbox.put(command)
 
     def swap(self, model, config: Optional[EngineConfig] = None) -> concurrent.futures.Future:

@@ -87,8 +87,9 @@ class Stop:
 
 @dataclass
 class Lost:
-    """Nothing the engine runs can go on (a lockstep group lost a rank): put by any thread."""
-    why: str
+    """Nothing the engine runs can go on (a lockstep group lost a rank): put by any thread;
+    the engine thread raises `error` and ends."""
+    error: BaseException
 
 
 class Sink:
