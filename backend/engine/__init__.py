@@ -2,10 +2,12 @@
 
 `core` is the engine itself, a scheduler: one thread owns the model and every
 MLX call. `requests` holds what enters and leaves it (requests, events,
-commands, the failure -> error map), `batch` the one interface generation runs
-through, `admission` the queue and KV budget, `hooks` what a variant (lockstep)
-changes, `faults` test-only fault injection. Beside it, the work it runs: text and vision generation (`text_batch`,
-`vision_batch`), forward-only work (`forward`, `pair_forward`, `row_batch`),
+commands, the failure -> error map), `streams` a stream's way from arrival to
+its last event, `admission` the queue and KV budget, `batch` the one interface
+generation runs through, `hooks` what a variant (lockstep) changes, `config`
+and `health` its settings and what Health reads, `faults` test-only fault
+injection. Beside it, the work it runs: text and vision generation (`text_batch`,
+`vision_batch`), forward-only work (`forward`, `score_rows`, `pair_forward`, `row_batch`),
 speculation (`spec_batch`, `speculate`, `ngram`, `spec_config`), per-request sampling
 (`sampling`, `logprobs`, `grammar`) and serving one model across ranks
 (`lockstep/`). Imports only run downward: nothing here imports the servicer
