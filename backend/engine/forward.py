@@ -20,18 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, List, Optional
 
 import mlx.core as mx
-from mlx.utils import tree_map
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 
 from engine import pair_forward, snapshots
 from engine.row_batch import run_rows, take_rows
+from engine.score_rows import rows_end, save, score_rows, warm_cache
 
 log = logging.getLogger("mlx-backend.forward")
-
-# What one pass of Score rows may allocate (rows x positions x vocabulary, and the rows' copies of
-# the shared prompt's KV); a larger call takes more passes.
-SCORE_CHUNK_BYTES = 256 << 20
-
 
 @dataclass
 class EmbedJob:
@@ -40,7 +35,8 @@ class EmbedJob:
     normalize: bool
     model_epoch: int = 0
     label: str = ""
-    cancelled: bool = False  # set by the servicer when its call ends; the job then leaves the queue
+    cancelled: bool = False  # set when its call ends (Engine.cancel, or the servicer); it then leaves the queue
+    id: int = 0  # given by Engine.forward
 
 
 @dataclass
@@ -62,6 +58,7 @@ class ScoreJob:
     model_epoch: int = 0
     label: str = ""
     cancelled: bool = False  # as EmbedJob.cancelled
+    id: int = 0
 
 
 @dataclass
@@ -115,6 +112,14 @@ class ForwardWork:
 
     def add(self, job, sink) -> None:
         self.queue.append(_Pending(job, sink, time.perf_counter()))
+
+    def cancel(self, job_id: int) -> bool:
+        """Mark a queued job cancelled (it leaves at the next chunk); whether it was here."""
+        for p in self.queue:
+            if p.job.id == job_id:
+                p.job.cancelled = True
+                return True
+        return False
 
     def drop_all(self) -> List[tuple]:
         """Every queued job, as (sink, job) pairs, out of the queue."""
@@ -209,7 +214,7 @@ class ForwardWork:
         try:
             if not p.started:  # the prefix cache is looked up when the job starts, not when it arrives
                 p.started = True
-                p.cache, p.cached = _warm_cache(lm, prefix_cache(), job.shared)
+                p.cache, p.cached = warm_cache(lm, prefix_cache(), job.shared)
                 p.done = p.cached
             if p.done < len(job.shared):  # one chunk of the shared prompt
                 # A cache that cannot be trimmed is kept as it is at save_upto (a snapshot):
@@ -226,15 +231,15 @@ class ForwardWork:
                 return []
             # Rows, as many as one bounded pass takes: each continues a copy of the shared prompt's KV.
             start = p.rows_done
-            end = _rows_end(lm, job, start, budget)
-            for tokens, logprobs in _score_rows(lm, p.cache, job, start, end):
+            end = rows_end(lm, job, start, budget)
+            for tokens, logprobs in score_rows(lm, p.cache, job, start, end):
                 p.out_tokens.append(tokens)
                 p.out_logprobs.append(logprobs)
             p.rows_done = end
             if end < len(job.rows):
                 return []
             self.queue.popleft()
-            _save(prefix_cache(), lm, job, p.cache, p.snapshot)
+            save(prefix_cache(), lm, job, p.cache, p.snapshot)
             evaluated = len(job.shared) - p.cached + sum(len(r) for r in job.rows)
             return [(p.sink, ScoreResult(p.out_tokens, p.out_logprobs, evaluated, p.cached))]
         except Exception as e:
@@ -242,6 +247,13 @@ class ForwardWork:
             if self.queue and self.queue[0] is p:
                 self.queue.popleft()
             return [(p.sink, e)]
+
+
+def chunk_plan(lm, configured: int, batch: Callable[[], Any]):
+    """(tokens one chunk may take, what gives the prefix cache to share) for `lm`'s forward work."""
+    if lm.kind == "text":  # a causal LM's chunk is its prefill chunk, and it shares its batch's prefix cache
+        return configured or batch().prefill_step_size, lambda: batch().cache
+    return configured or 1024, lambda: None  # an encoder is small: more rows per pass
 
 
 def _hidden_states(lm, inputs: List[List[int]]):
@@ -297,107 +309,3 @@ def _pool(hidden, lengths: List[int], pooling: str, normalize: bool) -> list:
     if normalize:
         v = v / mx.maximum(mx.linalg.norm(v, axis=-1, keepdims=True), 1e-12)
     return [v[i:i + 1] for i in range(len(lengths))]
-
-
-def _warm_cache(lm, cache_store, shared: List[int]):
-    """A KV cache holding a prefix of `shared` (the longest the prefix cache has) and its length."""
-    cache, rest = (None, shared)
-    if cache_store is not None and shared:
-        cache, rest = cache_store.fetch_nearest_cache(lm.epoch, shared)
-    if cache is None:
-        return make_prompt_cache(lm.model), 0
-    cache_store.count_hit(len(shared) - len(rest))
-    return cache, len(shared) - len(rest)
-
-
-def _vocab(lm) -> int:
-    return int(lm.config.get("vocab_size") or lm.config.get("text_config", {}).get("vocab_size")
-               or len(lm.tokenizer))
-
-
-def _rows_end(lm, job: ScoreJob, start: int, budget: int) -> int:
-    """The end of the rows from `start` that one pass evaluates: rows x width within the token
-    budget, and what the pass allocates within SCORE_CHUNK_BYTES: each row's copy of the shared
-    prompt's KV, the logits of every position run (float32) and of the scored ones in float64
-    (with logsumexp's temporary). One row at least."""
-    vocab, kv = _vocab(lm), getattr(lm, "kv_bytes_per_token", 0)
-    end, width, scored = start, 0, 0
-    while end < len(job.rows):
-        w = max(width, len(job.rows[end]))
-        s = scored + len(job.targets[end]) - job.first[end]
-        n = end - start + 1
-        cost = n * len(job.shared) * kv + n * w * vocab * 4 + s * vocab * 8 * 2
-        if end > start and (n * w > budget or cost > SCORE_CHUNK_BYTES):
-            break
-        width, scored, end = w, s, end + 1
-    return end
-
-
-def _repeated(cache, rows: int) -> list:
-    """The shared prompt's cache repeated for `rows` rows, each layer in its own form (plain,
-    quantized, cast, rotating window, recurrent state): its state with every array repeated
-    along the batch axis, rebuilt by the class (mlx-lm's `from_state`)."""
-    out = []
-    for c in cache:
-        state = c.state
-        if isinstance(c, KVCache) and c.keys is not None:  # its filled part, not the spare room
-            state = (c.keys[..., :c.offset, :], c.values[..., :c.offset, :], c.offset)
-        out.append(type(c).from_state(tree_map(
-            lambda a: mx.repeat(a, rows, axis=0) if isinstance(a, mx.array) else a, state)))
-    return out
-
-
-def _score_rows(lm, cache, job: ScoreJob, start: int, end: int):
-    """(candidate token ids, their log-probs) of rows [start, end), evaluated as one batch.
-
-    Logits leave the model for the rows' own positions only (the shared prompt is in the
-    cache), and only the scored ones of those go on to float64.
-    """
-    rows = job.rows[start:end]
-    width = max(len(r) for r in rows)
-    ids = mx.array([r + [0] * (width - len(r)) for r in rows])
-    logits = lm.model(ids, cache=_repeated(cache, len(rows)))
-    at, picks = [], []
-    for i, targets in enumerate(job.targets[start:end]):
-        first = job.first[start + i]
-        at += [i * width + j for j in range(first, len(targets))]
-        picks += targets[first:]
-    scored = logits.reshape(-1, logits.shape[-1])[mx.array(at)]
-    # float64 (CPU only in MLX): a float32 sum over a 50k-token vocabulary drifts by ~1e-4.
-    with mx.stream(mx.cpu):
-        wide = scored.astype(mx.float64)
-        picked = mx.take_along_axis(wide, mx.array(picks)[:, None], axis=-1)[:, 0] - mx.logsumexp(wide, axis=-1)
-        mx.eval(picked)
-    picked, k = picked.tolist(), 0
-    for i, targets in enumerate(job.targets[start:end]):
-        first = job.first[start + i]
-        yield targets[first:], picked[k:k + len(targets) - first]
-        k += len(targets) - first
-
-
-def _save(cache_store, lm, job: ScoreJob, cache, snapshot=None) -> None:
-    """Keep the shared prompt's KV (up to the stable prefix) for the next call: a plain KV
-    cache cut back to it, or the snapshot taken there of one that cannot be cut back."""
-    if cache_store is None or job.save_upto <= 0:
-        return
-    if snapshot is not None:
-        try:
-            cache_store.insert_cache(lm.epoch, list(job.shared[:job.save_upto]), snapshot,
-                                     cache_type=snapshots.SHARED_PREFIX)
-        except Exception:  # as below
-            log.exception("keeping a score prompt's snapshot in the prefix cache failed")
-        return
-    if not all(type(c) is KVCache for c in cache):
-        return
-    try:
-        keep = []
-        for c in cache:
-            b = KVCache()
-            n = job.save_upto
-            # Compact copies: views would pin the whole buffer (see text_batch.save).
-            b.state = (mx.array(c.keys[..., :n, :]), mx.array(c.values[..., :n, :]), n)
-            keep.append(b)
-        mx.eval([b.state for b in keep])
-        cache_store.insert_cache(lm.epoch, list(job.shared[:job.save_upto]), keep)
-    except Exception:  # the scores are complete: losing the cache entry must not fail them
-        log.exception("keeping a score prompt in the prefix cache failed")

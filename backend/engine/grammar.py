@@ -79,11 +79,11 @@ class GrammarProcessor:
     constraint must never be returned as if it had been constrained.
     """
 
-    def __init__(self, matcher, vocab_size: int, fault_at: int = -1):
+    def __init__(self, matcher, vocab_size: int):
         self.matcher = matcher
         self.vocab_size = vocab_size
         self.calls = 0
-        self.fault_at = fault_at  # tests only: feed the matcher a token it forbids at this step
+        self.fault_at = -1  # tests only (faults.grammar): feed the matcher a token it forbids at this step
 
     def __call__(self, tokens, logits):
         from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
@@ -123,7 +123,7 @@ def apply_bitmask(logits, bits: np.ndarray):
     return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, dtype=logits.dtype))
 
 
-def compile_processor(lm, source: str, field: str = "Grammar", fault_at: int = -1) -> GrammarProcessor:
+def compile_processor(lm, source: str, field: str = "Grammar") -> GrammarProcessor:
     """A fresh matcher for one request; OptionError naming `field` if invalid."""
     from llguidance import LLMatcher
 
@@ -132,4 +132,4 @@ def compile_processor(lm, source: str, field: str = "Grammar", fault_at: int = -
     if matcher.is_error():
         raise OptionError(f"{field}: {matcher.get_error()}")
     vocab = int(lm.config.get("vocab_size") or len(lm.tokenizer))
-    return GrammarProcessor(matcher, max(vocab, tok.vocab_size), fault_at)
+    return GrammarProcessor(matcher, max(vocab, tok.vocab_size))

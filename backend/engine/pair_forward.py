@@ -26,6 +26,7 @@ class PairJob:
     model_epoch: int = 0
     label: str = ""
     cancelled: bool = False  # as forward.EmbedJob.cancelled
+    id: int = 0
 
 
 @dataclass

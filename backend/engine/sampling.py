@@ -92,15 +92,3 @@ def make_processors(p: SamplingParams, extra: Optional[List[Callable]] = None) -
     )
     return procs + list(extra or [])
 
-
-def injected_fault(limit: int):
-    """A logits processor that raises at the given step: fault-isolation tests only."""
-    calls = [0]
-
-    def processor(tokens, logits):
-        calls[0] += 1
-        if calls[0] > limit:
-            raise RuntimeError(f"injected fault at token {limit}")
-        return logits
-
-    return processor

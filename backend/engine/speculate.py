@@ -2,7 +2,7 @@
 
 One decode step of a lone stream reads every weight to produce one token; a
 step over [last token + k proposed tokens] reads them once for up to k + 1.
-The engine hands a request here when it is the only one running: its KV cache
+The speculating batch (spec_batch.py) hands a request here when it runs alone: its KV cache
 comes out of the batch, proposals come from prompt lookup (ngram.py) or a
 draft model, and one forward pass of the model checks them all. When another
 request arrives the stream goes back into the batch with its cache (`rejoin`),
@@ -32,7 +32,7 @@ from mlx_lm.models.cache import CacheList, make_prompt_cache, trim_prompt_cache
 from engine.ngram import NgramIndex
 from engine.rewind import can_rewind, draft_room
 from engine.sampling import make_processors, make_sampler
-from engine.spec_config import Settings, settings_of  # noqa: F401 (the engine reads settings here)
+from engine.spec_config import Settings, settings_of  # noqa: F401 (spec_batch reads settings here)
 
 log = logging.getLogger("mlx-backend.speculate")
 
@@ -42,7 +42,7 @@ MAX_PAUSE = 64  # tokens decoded in the batch before trying again, at most
 
 @dataclass
 class Track:
-    """One request's speculation across its turns out of the batch (kept on the engine's slot)."""
+    """One request's speculation across its turns out of the batch (kept by spec_batch with the request)."""
     proposed: int = 0
     accepted: int = 0
     resume_at: int = 0  # generated tokens before speculation is tried again

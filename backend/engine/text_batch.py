@@ -15,6 +15,7 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
 from engine import snapshots
+from engine.batch import Capabilities
 from engine.prompt_store import make_store
 from engine.sampling import SamplingParams, make_processors, make_sampler
 
@@ -62,6 +63,9 @@ class First:
 
 
 class TextBatch:
+    """The Batch (batch.py) of a text model."""
+    capabilities = Capabilities(speculate=True, shares_prefix=True)
+
     def __init__(self, lm, *, max_sequences: int, prefill_batch_size: int, prefill_step_size: int,
                  prompt_cache_bytes: int, prompt_cache_entries: int, stream, prompt_cache_disk_bytes: int = 0):
         self.lm = lm
@@ -79,7 +83,7 @@ class TextBatch:
 
     def admit(self, prompt: List[int], max_tokens: int, sampling: SamplingParams, extra: List[Any],
               ignore_eos: bool, on_error: Callable[[Exception], None],
-              direct: bool = False, boundaries: Tuple[int, ...] = ()) -> Tuple[int, int, Optional[First]]:
+              direct: bool = False, boundaries: Tuple[int, ...] = (), request=None) -> Tuple[int, int, Optional[First]]:
         """Insert one request: (its uid, prompt tokens served from the cache, its first token
         when it was computed here). Raises on failure, leaving the batch as it was.
 
@@ -183,6 +187,12 @@ class TextBatch:
             self.cache.insert_cache(self.lm.epoch, tokens, cache, cache_type=kind)
         except Exception:
             log.exception("keeping a %d-token snapshot failed", len(tokens))
+
+    def waiting(self, n: int) -> None:
+        pass  # every running request is in the batch
+
+    def forget(self, uid: int) -> str:
+        return ""
 
     def live_cache(self, uid: int) -> Optional[List[Any]]:
         """A running request's per-layer KV cache as it is now (views, left in the batch),

@@ -34,6 +34,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import mlx.core as mx
 
+from engine.batch import Capabilities
 from engine.sampling import SamplingParams
 from engine.text_batch import First, TextBatch, _argmax
 
@@ -62,6 +63,8 @@ class _Prefill:
 
 
 class VisionBatch(TextBatch):
+    capabilities = Capabilities()  # its caches carry image positions: no speculation, nothing shared
+
     def __init__(self, lm, **kwargs):
         super().__init__(lm, **kwargs)
         # No boundary snapshots here yet: every vision family served has a plain KV cache
@@ -74,7 +77,7 @@ class VisionBatch(TextBatch):
 
     def admit(self, prompt: List[int], max_tokens: int, sampling: SamplingParams, extra: List[Any],
               ignore_eos: bool, on_error: Callable[[Exception], None], direct: bool = False,
-              media=None, boundaries=()) -> Tuple[int, int, Optional[First]]:
+              media=None, boundaries=(), request=None) -> Tuple[int, int, Optional[First]]:
         """As TextBatch.admit; the first token comes back here when nothing else runs, else
         from a later step() once the prefill is done. `boundaries` is ignored (no snapshots
         here yet: see __init__)."""

@@ -1,41 +1,27 @@
-"""Faults a test asks for in Metadata (only with MLX_BACKEND_FAULT_INJECTION=1): the engine fails
-where it is told, for the fault-isolation tests. Kept out of the product path's functions."""
+"""Faults a test asks for in Metadata (only with MLX_BACKEND_FAULT_INJECTION=1), turned into
+what the engine's fault module (engine/faults.py) consults: kept out of the product path."""
 
-import os
-from typing import List, Mapping, Tuple
+from typing import List, Tuple
 
-from common.python_utils import OptionError
-from engine.sampling import injected_fault
+from engine import faults
 
 from .sampling import rebuildable
 
-FAULT_SITES = ("admit", "cache", "engine", "loop", "failing", "stall")  # where Metadata `fault` makes the engine fail
+
+def requested_faults(meta) -> Tuple[List, faults.Plan]:
+    """(logits processors that fail at a token, the whole plan) asked by Metadata."""
+    plan = faults.plan(meta)
+    extra = []
+    if plan.at_token is not None:
+        extra.append(rebuildable(faults.processor(plan.at_token), "fault_at", plan.at_token))
+    return extra, plan
 
 
-def _fault_step(meta, key: str) -> int:
-    try:
-        return int(meta[key])
-    except ValueError:
-        raise OptionError(f"Metadata.{key}: not a number") from None
+def grammar_processor(processor, source, plan: faults.Plan):
+    """A request's grammar processor, failing where the plan says, rebuildable on other ranks."""
+    return rebuildable(faults.grammar(processor, plan.grammar_at), "grammar", *source, plan.grammar_at)
 
 
-def _enabled() -> bool:
-    return os.environ.get("MLX_BACKEND_FAULT_INJECTION") == "1"
-
-
-def requested_faults(meta: Mapping[str, str]) -> Tuple[List, str]:
-    """(logits processors that fail at a token, the engine site that fails) asked by Metadata."""
-    extra, fault = [], ""
-    faults = _enabled()
-    if faults and "fault_at_token" in meta:
-        extra.append(rebuildable(injected_fault(_fault_step(meta, "fault_at_token")),
-                                 "fault_at", _fault_step(meta, "fault_at_token")))
-    if faults and meta.get("fault") in FAULT_SITES:
-        fault = meta["fault"]
-    return extra, fault
-
-
-def grammar_fault(meta: Mapping[str, str]) -> int:
-    """The token at which a request's grammar fails, or -1 (asked only when it has a grammar)."""
-    faults = _enabled()
-    return _fault_step(meta, "grammar_fault_at_token") if faults and "grammar_fault_at_token" in meta else -1
+def attach(request, plan: faults.Plan) -> None:
+    """The engine site the request fails at, kept beside it (never a field of the Request)."""
+    faults.attach(request, plan)

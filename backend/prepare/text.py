@@ -14,7 +14,6 @@ from engine import EngineError, Request, snapshots
 
 from . import faults, media
 from .render_guard import bounded
-from .sampling import rebuildable, sampling_params
 from .spec import RequestSpec, read
 
 MAX_TOP_LOGPROBS = 20
@@ -183,17 +182,15 @@ def _check_counts(spec: RequestSpec) -> None:
             raise OptionError(f"{name}: must be within [0, {MAX_TOP_LOGPROBS}], got {value}")
 
 
-def _processors(lm, spec: RequestSpec) -> Tuple[list, str]:
-    """(logits processors beyond sampling: a grammar, injected faults; the engine fault site)."""
-    extra, fault = faults.requested_faults(spec.metadata)
+def _processors(lm, spec: RequestSpec) -> Tuple[list, "faults.Plan"]:
+    """(logits processors beyond sampling: a grammar, injected faults; the fault plan)."""
+    extra, plan = faults.requested_faults(spec.metadata)
     from engine import grammar
 
     source = grammar.grammar_source(spec.grammar, spec.metadata, spec.bounds.max_json_depth)
     if source is not None:
-        grammar_fault = faults.grammar_fault(spec.metadata)
-        extra.append(rebuildable(grammar.compile_processor(lm, *source, fault_at=grammar_fault),
-                                 "grammar", *source, grammar_fault))
-    return extra, fault
+        extra.append(faults.grammar_processor(grammar.compile_processor(lm, *source), source, plan))
+    return extra, plan
 
 
 def _n_draft(spec: RequestSpec):
@@ -228,7 +225,7 @@ def build_request(lm, opts) -> Request:
     vocab = int(lm.config.get("vocab_size") or len(lm.tokenizer))
     sampling = sampling_params(spec, vocab)
     sampling.xtc_special_tokens = sorted(lm.tokenizer.eos_token_ids)
-    extra, fault = _processors(lm, spec)
+    extra, fault = _processors(lm, spec)  # fault: tests only
     n_draft = _n_draft(spec)
     tools = request_tools(spec)
     text, tokens, media_inputs = media_prompt(lm, spec, tools)
@@ -236,9 +233,11 @@ def build_request(lm, opts) -> Request:
     asked = spec.max_tokens or spec.defaults.max_tokens
     boundaries = (chat_boundaries(lm, spec, tools, text, tokens)
                   if media_inputs is None and spec.chat_rendered else [])
-    return Request(prompt=tokens, max_tokens=min(asked or room, room), open_ended=not asked, sampling=sampling,
-                   stops=[s for s in spec.stops if s], model_epoch=lm.epoch, fault=fault,
-                   label=spec.label, ignore_eos=spec.ignore_eos,
-                   logprobs=spec.logprobs > 0 or spec.top_logprobs > 0,
-                   top_logprobs=spec.top_logprobs, processors=extra, n_draft=n_draft, media=media_inputs,
-                   router=OutputRouter.for_tokenizer(lm.tokenizer, tools, text), boundaries=boundaries)
+    request = Request(prompt=tokens, max_tokens=min(asked or room, room), open_ended=not asked, sampling=sampling,
+                      stops=[s for s in spec.stops if s], model_epoch=lm.epoch,
+                      label=spec.label, ignore_eos=spec.ignore_eos,
+                      logprobs=spec.logprobs > 0 or spec.top_logprobs > 0,
+                      top_logprobs=spec.top_logprobs, processors=extra, n_draft=n_draft, media=media_inputs,
+                      router=OutputRouter.for_tokenizer(lm.tokenizer, tools, text), boundaries=boundaries)
+    faults.attach(request, fault)
+    return request

@@ -1,4 +1,4 @@
-"""Rank 0: the ordinary Engine, its text batch journaled to the followers, and the watchdog."""
+"""Rank 0: the control channel to the followers, the plain Engine with lockstep's hooks (its batch\njournaled: recording.py), and the watchdog that ends the process when the group is lost."""
 
 import concurrent.futures
 import dataclasses
@@ -9,12 +9,15 @@ import queue
 import socket
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
-from engine.core import Engine, EngineError
+from engine.core import Engine
+from engine.hooks import Hooks
+from engine.requests import EngineError
 from engine.lockstep.group import (CONNECT_S, EXIT_GROUP_LOST, HEARTBEAT_S, HELLO_S, MAX_HANDSHAKES, Group, GroupLost,
                                    Sharder, control_port, exchange_port)
-from engine.lockstep.wire import Channel, FrameError, accept_hello, admit_wire
+from engine.lockstep.recording import RecordingBatch
+from engine.lockstep.wire import Channel, FrameError, accept_hello
 
 log = logging.getLogger("mlx-backend.lockstep")
 
@@ -214,101 +217,66 @@ def _close_joined(joined: "queue.SimpleQueue") -> None:
         channel.close()
 
 
-class RecordingBatch:
-    """The engine's TextBatch on rank 0, journaling every call that changes it.
+class LockstepHooks(Hooks):
+    """What rank 0's engine does differently: the same decisions, its text batch journaled."""
+    speculate = False  # a speculating stream runs outside the batch the followers replay
+    disk_tier = False  # a hit here that the followers' replay misses would part the ranks
 
-    Calls that run the model (admit, step) send the journal, themselves last,
-    before they run here, so the followers run the same call at the same time.
-    The KV caches the engine later saves are named by where they came from
-    (a step, an admission, a removal), since each rank holds its own.
-    """
-
-    def __init__(self, inner, leader: Leader, settings: dict):
-        self.inner = inner
+    def __init__(self, group: Group, leader: Leader):
+        self.group = group
         self.leader = leader
-        self.journal: List[dict] = [{"k": "new", **settings}]
-        self._names: Dict[int, tuple] = {}  # id(cache) -> (name, cache), until the next model call
+        self.closed_by_loss = threading.Event()
 
-    def _run(self, op: dict, fn):
-        self.journal.append(op)
-        self.flush()
-        self._names.clear()
-        try:
-            return fn()
-        except Exception as e:
-            if self.leader.lost or "[ring]" in str(e):
-                raise GroupLost(self.leader.lost or str(e)) from e
-            raise
+    def wrap(self, batch, config):
+        return RecordingBatch(batch, self.leader, {
+            "max_sequences": config.max_sequences, "prefill_batch_size": config.prefill_batch_size,
+            "prefill_step_size": batch.prefill_step_size, "prompt_cache_bytes": config.prompt_cache_bytes,
+            "prompt_cache_entries": config.prompt_cache_entries})
 
-    def flush(self) -> None:
-        if self.journal:
-            ops, self.journal = self.journal, []
-            self.leader.send({"k": "ops", "ops": ops})
+    def forward_refusal(self):  # its passes would run collectives the followers never join
+        return EngineError("FAILED_PRECONDITION", "Embedding, Score and Rerank are not served across ranks")
 
-    def _name(self, cache, name) -> None:
-        if cache is not None:
-            self._names[id(cache)] = (name, cache)
+    def flushed(self, batch) -> None:
+        if isinstance(batch, RecordingBatch):
+            batch.flush()  # removals and saves reach the followers while idle too
 
-    def admit(self, prompt, max_tokens, sampling, extra, ignore_eos, on_error, direct=False, boundaries=()):
-        op = admit_wire(prompt, max_tokens, sampling, extra, ignore_eos, direct)
-        # Every rank stops its prefill at the same boundaries (the same passes, the same snapshots).
-        op["b"] = list(boundaries)
-        uid, cached, first = self._run(op, lambda: self.inner.admit(
-            prompt, max_tokens, sampling, extra, ignore_eos, on_error, direct=direct, boundaries=boundaries))
-        if first is not None:
-            self._name(first.prompt_cache, ["a"])
-        return uid, cached, first
+    def memory(self, memory: dict) -> None:
+        memory["group_size"] = self.group.size
+        memory["rank0_active"] = memory.get("active", 0)
+        for rank, mem in sorted(self.leader.memory.items()):
+            for key in ("active", "peak"):
+                memory[f"rank{rank}_{key}"] = int(mem.get(key, 0))
 
-    def step(self):
-        responses = self._run({"k": "step"}, self.inner.step)
-        for r in responses:
-            self._name(r.prompt_cache, ["s", r.uid])
-        return responses
+    def swapped(self, model) -> None:
+        load_id = model.derived.get("load_id") if model is not None else None
+        self.leader.send({"k": "ops", "ops": [{"k": "swap", "id": load_id}]})
 
-    def remove(self, uids, keep_cache=False):
-        self.journal.append({"k": "remove", "uids": list(uids), "keep": keep_cache})
-        kept = self.inner.remove(uids, keep_cache=keep_cache)
-        for uid, (cache, _) in kept.items():
-            self._name(cache, ["r", uid])
-        return kept
+    def stopped(self) -> None:
+        self.leader.stop()
 
-    def save(self, tokens, cache):
-        named = self._names.get(id(cache))
-        if named is None or named[1] is not cache:
-            # A cache the followers cannot name: kept nowhere, so every rank's prefix cache stays the same.
-            if cache is not None and tokens:
-                log.warning("a prompt cache entry of unknown origin was not kept")
-            return
-        if tokens:
-            self.journal.append({"k": "save", "from": named[0]})
-        self.inner.save(tokens, cache)
+    def close_cause(self, cause: str) -> str:
+        if self.leader.lost or "GroupLost" in cause:
+            deadline = time.monotonic() + 1.0  # the ring may say so before the channel names the rank
+            while not self.leader.lost and time.monotonic() < deadline:
+                time.sleep(0.05)
+            cause = f"the distributed group lost {self.leader.lost or 'a rank'}"
+            self.closed_by_loss.set()
+        return cause
 
-    def close(self):
-        self.journal.append({"k": "close"})
-        self.flush()
-        self.inner.close()
-
-    @property
-    def cache_bytes(self) -> int:
-        return self.inner.cache_bytes
-
-    def cache_figures(self) -> dict:
-        return self.inner.cache_figures()
-
-
-class _GroupFault:
-    """Engine command: the group is lost (put by the channel's watchdog)."""
+    def closed(self) -> None:
+        if self.closed_by_loss.is_set():
+            _exit_soon(EXIT_GROUP_LOST, EXIT_GRACE_S)
 
 
 class LockstepEngine(Engine):
-    """The Engine of rank 0: the same decisions, its text batch journaled to the followers."""
+    """The Engine of rank 0: the plain scheduler with lockstep's hooks, and loads on every rank."""
 
     def __init__(self, group: Group, config=None):
         self.group = group
         self.leader = Leader(group)
+        self._hooks = LockstepHooks(group, self.leader)
         self.leader.on_lost = self._group_lost
-        self._closed_by_loss = threading.Event()
-        super().__init__(config)
+        super().__init__(config, hooks=self._hooks)
 
     def load_model(self, spec):
         """LoadModel: every rank loads its shard (loader thread)."""
@@ -316,93 +284,21 @@ class LockstepEngine(Engine):
             raise EngineError("UNAVAILABLE", f"mlx: lost {self.leader.lost}")
         return self.leader.load(spec)
 
-    def _enqueue_forward(self, command) -> None:  # its passes would run collectives the followers never join
-        from engine.core import Event
-
-        self._outbox.append((command.sink, Event(error=EngineError(
-            "FAILED_PRECONDITION", "Embedding, Score and Rerank are not served across ranks"))))
-
-    def _speculating(self) -> bool:
-        return False  # a speculating stream runs outside the batch the followers replay
-
-    def _disk_bytes(self) -> int:
-        return 0  # no disk tier: a hit here that the followers' replay misses would part the ranks
-
-    def _batch(self):
-        if self._text is None:
-            inner = super()._batch()
-            c = self.config
-            self._text = RecordingBatch(inner, self.leader, {
-                "max_sequences": c.max_sequences, "prefill_batch_size": c.prefill_batch_size,
-                "prefill_step_size": inner.prefill_step_size, "prompt_cache_bytes": c.prompt_cache_bytes,
-                "prompt_cache_entries": c.prompt_cache_entries})
-        return self._text
-
-    def _handle(self, command) -> None:
-        if isinstance(command, _GroupFault):
-            raise GroupLost(self.leader.lost)
-        from engine.core import Stop
-
-        if isinstance(command, Stop):
-            super()._handle(command)
-            self.leader.stop()
-            return
-        super()._handle(command)
-
-    def _swap(self, model, config) -> None:
-        super()._swap(model, config)
-        load_id = model.derived.get("load_id") if model is not None else None
-        self.leader.send({"k": "ops", "ops": [{"k": "swap", "id": load_id}]})
-
-    def _flush(self) -> None:
-        super()._flush()
-        if isinstance(self._text, RecordingBatch):
-            self._text.flush()  # removals and saves reach the followers while idle too
-
-    def _update_memory(self) -> None:
-        super()._update_memory()
-        self.memory["group_size"] = self.group.size
-        self.memory["rank0_active"] = self.memory.get("active", 0)
-        for rank, mem in sorted(self.leader.memory.items()):
-            for key in ("active", "peak"):
-                self.memory[f"rank{rank}_{key}"] = int(mem.get(key, 0))
-
-    def _close(self, cause: str) -> None:
-        if self.leader.lost or "GroupLost" in cause:
-            deadline = time.monotonic() + 1.0  # the ring may say so before the channel names the rank
-            while not self.leader.lost and time.monotonic() < deadline:
-                time.sleep(0.05)
-            cause = f"the distributed group lost {self.leader.lost or 'a rank'}"
-            self._closed_by_loss.set()
-        super()._close(cause)
-        if self._closed_by_loss.is_set():
-            _exit_soon(EXIT_GROUP_LOST, EXIT_GRACE_S)
-
     def _group_lost(self, why: str) -> None:
-        """Channel thread: end the engine; if it is stuck in a collective, end everything anyway."""
-        self._inbox.put(_GroupFault())
+        """Channel thread: end the engine through its inbox; if it is stuck in a collective, end
+        everything anyway."""
+        self.lose(GroupLost(self.leader.lost))
 
         def force():
-            if self._closed_by_loss.wait(FORCE_EXIT_S):
+            if self._hooks.closed_by_loss.wait(FORCE_EXIT_S):
                 return
             log.critical("the engine thread is stuck (in a collective with %s); exiting", why)
             try:
-                with self._lock:
-                    self.dead = f"the distributed group lost {why}"
-                # Best effort from this thread: the engine thread is blocked and will not run again.
-                for slot in list(self._slots.values()) + list(self._waiting):
-                    self._end(slot, _lost_event(why))
-                self._flush()
+                self.abandon(f"the distributed group lost {why}")
             finally:
                 _exit_soon(EXIT_GROUP_LOST, EXIT_GRACE_S)
 
         threading.Thread(target=force, name="group-lost", daemon=True).start()
-
-
-def _lost_event(why: str):
-    from engine.core import Event
-
-    return Event(error=EngineError("UNAVAILABLE", f"mlx: the distributed group lost {why}"))
 
 
 def _exit_soon(code: int, delay: float) -> None:

@@ -188,14 +188,14 @@ def processors_from_wire(lm, specs) -> list:
     out = []
     for kind, *args in specs:
         if kind == "grammar":
-            from engine import grammar
+            from engine import faults, grammar
 
             source, field, fault_at = args
-            out.append(grammar.compile_processor(lm, source, field, fault_at=fault_at))
+            out.append(faults.grammar(grammar.compile_processor(lm, source, field), fault_at))
         elif kind == "fault_at":
-            from engine.sampling import injected_fault
+            from engine import faults
 
-            out.append(injected_fault(args[0]))
+            out.append(faults.processor(args[0]))
         else:
             raise ValueError(f"unknown logits processor {kind!r}")
     return out

@@ -1,0 +1,59 @@
+"""Admission: which requests may wait, which may run, and how much KV each reserves.
+
+A request is refused at once when the queue is full or it could never fit the KV budget;
+otherwise it waits, in order, until a place in the batch and its KV reservation are free.
+Engine thread only (the figures are the scheduler's).
+"""
+
+import logging
+from typing import Optional
+
+from engine import kv_budget
+
+log = logging.getLogger("mlx-backend.engine")
+
+
+class Admission:
+    """The KV budget of the current model and the bounds of the queue (config)."""
+
+    def __init__(self):
+        self.budget = 0  # KV bytes running requests may reserve (0: no bound); set at each swap
+
+    def reset(self, model, config, mx) -> None:
+        """At a swap: the budget for `model` (None: nothing served)."""
+        budget = config.kv_budget_bytes
+        self.budget = kv_budget.default_budget(mx) if budget is None and model is not None else budget or 0
+        if getattr(model, "kv_bytes_per_token", 0) and self.budget:
+            log.info("KV budget: %d bytes (%d tokens at %d bytes/token)", self.budget,
+                     self.budget // model.kv_bytes_per_token, model.kv_bytes_per_token)
+
+    def reserve(self, request, lm, config, running: int, waiting: int) -> tuple:
+        """(KV bytes to reserve, why it is refused or None). Shortens an open-ended request
+        to what the budget leaves it."""
+        per_token = getattr(lm, "kv_bytes_per_token", 0) if self.budget else 0
+        if request.open_ended and per_token:
+            # Reserving to the end of a long context would take the whole budget and run
+            # requests one at a time: an open-ended one gets its share of the budget (or,
+            # with a prompt longer than a share, the rest of the whole budget) and ends
+            # "length" there, never past what was reserved.
+            share = self.budget // config.max_sequences // per_token - len(request.prompt)
+            fits = share if share > 0 else self.budget // per_token - len(request.prompt)
+            if 0 < fits < request.max_tokens:
+                request.max_tokens = fits
+        need = kv_budget.need(len(request.prompt), request.max_tokens, per_token)
+        return need, self._refusal(request, need, per_token, config, running, waiting)
+
+    def _refusal(self, request, need: int, per_token: int, config, running: int, waiting: int) -> Optional[str]:
+        """Why a request cannot even wait (the queue is full, it could never fit), or None."""
+        places = max(config.max_sequences - running, 0)  # those it fills are admitted this pass
+        if waiting >= places + config.max_waiting:
+            return (f"{waiting} requests are already waiting for a place in the batch "
+                    f"(bound: option max_waiting={config.max_waiting}); retry later")
+        if need > self.budget > 0:
+            return kv_budget.refusal(len(request.prompt), request.max_tokens, per_token, self.budget)
+        return None
+
+    def fits(self, slot, running) -> bool:
+        """Whether its KV reservation fits next to the running requests' (always, with no budget)."""
+        reserved = sum(s.kv_bytes for s in running)
+        return not self.budget or reserved + slot.kv_bytes <= self.budget

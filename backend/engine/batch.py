@@ -1,0 +1,90 @@
+"""The one interface the scheduler drives generation through (Batch), and the batch for a model.
+
+A batch holds the running streams of one model: it admits a request (its first token may
+come back at once), runs one step for all of them, takes some out (with their KV cache when
+it is whole) and keeps finished caches for later prompts. What it can do beyond that is
+said by its Capabilities, never asked of the model's kind by the scheduler. The text batch
+(text_batch.py) and the vision batch (vision_batch.py) implement it; speculation
+(spec_batch.py) and lockstep's journal (lockstep/recording.py) wrap one and implement it too.
+Engine thread only.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Tuple
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    speculate: bool = False  # a lone stream's cache may leave the batch and be rewound (speculate.py)
+    shares_prefix: bool = False  # forward work may read and fill its prefix cache (`cache`)
+
+
+class Batch(Protocol):
+    capabilities: Capabilities
+    prefill_step_size: int
+    cache: Any  # the prefix cache (prompt_store), when capabilities.shares_prefix
+
+    def admit(self, prompt: List[int], max_tokens: int, sampling, extra: List[Any], ignore_eos: bool,
+              on_error: Callable[[Exception], None], direct: bool = False, boundaries=(),
+              **request) -> Tuple[int, int, Optional[Any]]:
+        """(uid, prompt tokens served from the cache, its first token when computed here).
+        `request` may hold `media` and `request` (the engine Request, for wrappers that keep
+        per-request state). Raises on failure, leaving the batch as it was."""
+
+    def step(self) -> Iterable[Any]:
+        """One step of every running request: responses (uid, token, logprobs, finish_reason,
+        prompt_cache, all_tokens), which a wrapper may produce lazily; a `Failed` response
+        fails its request alone."""
+
+    def waiting(self, n: int) -> None:
+        """How many requests wait for a place: a batch running one apart takes it back for them."""
+
+    def remove(self, uids: List[int], keep_cache: bool = False) -> Dict[int, Tuple[Any, List[int]]]:
+        """Take requests out; with keep_cache, {uid: (KV cache, its tokens)} for those it is whole."""
+
+    def forget(self, uid: int) -> str:
+        """A request has left: what the batch adds to its last log line ("" when nothing)."""
+
+    def save(self, tokens: Optional[List[int]], cache: Optional[Any]) -> None:
+        """Keep a finished request's KV cache for later prompts sharing its prefix."""
+
+    def close(self) -> None:
+        ...
+
+    @property
+    def cache_bytes(self) -> int:
+        ...
+
+    def cache_figures(self) -> dict:
+        ...
+
+
+@dataclass
+class Failed:
+    """A step's response that fails one request alone (`what` failed, with `error`)."""
+    uid: int
+    what: str
+    error: Exception
+    token: int = -1
+    finish_reason: Optional[str] = None
+
+
+def open_batch(lm, config, stream, mx, disk_bytes: int, speculate: bool) -> Batch:
+    """The batch that generates for `lm` (text, or text with image prefill), wrapped by
+    speculation when the model and the batch allow it and `speculate` (not in lockstep)."""
+    if lm.serves.media:  # the same batch, with image prefill
+        from engine.vision_batch import VisionBatch as Kind
+    else:
+        from engine.text_batch import TextBatch as Kind
+    batch = Kind(
+        lm, max_sequences=config.max_sequences, prefill_batch_size=config.prefill_batch_size,
+        # Measured on a 2-core CPU: 66-87 tok/s prefill whatever the chunk from 64 to
+        # 512 tokens, so a small chunk costs little and bounds the stall of running streams.
+        prefill_step_size=config.prefill_step_size or (128 if mx.default_device() == mx.cpu else 512),
+        prompt_cache_bytes=config.prompt_cache_bytes, prompt_cache_entries=config.prompt_cache_entries,
+        prompt_cache_disk_bytes=disk_bytes, stream=stream)
+    if speculate and batch.capabilities.speculate:
+        from engine import spec_batch
+
+        return spec_batch.wrap(batch, lm, stream)
+    return batch

@@ -1,0 +1,105 @@
+"""Rank 0's batch: the engine's TextBatch, every call that changes it journaled to the followers."""
+
+import logging
+from typing import Dict, List
+
+from engine.batch import Capabilities
+from engine.lockstep.group import GroupLost
+from engine.lockstep.wire import admit_wire
+
+log = logging.getLogger("mlx-backend.lockstep")
+
+
+class RecordingBatch:
+    """The engine's TextBatch on rank 0, journaling every call that changes it.
+
+    Calls that run the model (admit, step) send the journal, themselves last,
+    before they run here, so the followers run the same call at the same time.
+    The KV caches the engine later saves are named by where they came from
+    (a step, an admission, a removal), since each rank holds its own.
+    """
+
+    capabilities = Capabilities()  # nothing runs apart from the journal: no speculation, no shared prefix
+
+    def __init__(self, inner, leader, settings: dict):
+        self.inner = inner
+        self.leader = leader
+        self.journal: List[dict] = [{"k": "new", **settings}]
+        self._names: Dict[int, tuple] = {}  # id(cache) -> (name, cache), until the next model call
+
+    def _run(self, op: dict, fn):
+        self.journal.append(op)
+        self.flush()
+        self._names.clear()
+        try:
+            return fn()
+        except Exception as e:
+            if self.leader.lost or "[ring]" in str(e):
+                raise GroupLost(self.leader.lost or str(e)) from e
+            raise
+
+    def flush(self) -> None:
+        if self.journal:
+            ops, self.journal = self.journal, []
+            self.leader.send({"k": "ops", "ops": ops})
+
+    def _name(self, cache, name) -> None:
+        if cache is not None:
+            self._names[id(cache)] = (name, cache)
+
+    @property
+    def prefill_step_size(self) -> int:
+        return self.inner.prefill_step_size
+
+    def admit(self, prompt, max_tokens, sampling, extra, ignore_eos, on_error, direct=False, boundaries=(),
+              request=None):
+        op = admit_wire(prompt, max_tokens, sampling, extra, ignore_eos, direct)
+        # Every rank stops its prefill at the same boundaries (the same passes, the same snapshots).
+        op["b"] = list(boundaries)
+        uid, cached, first = self._run(op, lambda: self.inner.admit(
+            prompt, max_tokens, sampling, extra, ignore_eos, on_error, direct=direct, boundaries=boundaries))
+        if first is not None:
+            self._name(first.prompt_cache, ["a"])
+        return uid, cached, first
+
+    def step(self):
+        responses = self._run({"k": "step"}, self.inner.step)
+        for r in responses:
+            self._name(r.prompt_cache, ["s", r.uid])
+        return responses
+
+    def remove(self, uids, keep_cache=False):
+        self.journal.append({"k": "remove", "uids": list(uids), "keep": keep_cache})
+        kept = self.inner.remove(uids, keep_cache=keep_cache)
+        for uid, (cache, _) in kept.items():
+            self._name(cache, ["r", uid])
+        return kept
+
+    def waiting(self, n: int) -> None:
+        pass
+
+    def forget(self, uid: int) -> str:
+        return ""
+
+    def save(self, tokens, cache):
+        named = self._names.get(id(cache))
+        if named is None or named[1] is not cache:
+            # A cache the followers cannot name: kept nowhere, so every rank's prefix cache stays the same.
+            if cache is not None and tokens:
+                log.warning("a prompt cache entry of unknown origin was not kept")
+            return
+        if tokens:
+            self.journal.append({"k": "save", "from": named[0]})
+        self.inner.save(tokens, cache)
+
+    def close(self):
+        self.journal.append({"k": "close"})
+        self.flush()
+        self.inner.close()
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.inner.cache_bytes
+
+    def cache_figures(self) -> dict:
+        return self.inner.cache_figures()
