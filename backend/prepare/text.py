@@ -14,6 +14,7 @@ from engine import EngineError, Request, snapshots
 
 from . import faults, media
 from .render_guard import bounded
+from .sampling import sampling_params
 from .spec import RequestSpec, read
 
 MAX_TOP_LOGPROBS = 20
