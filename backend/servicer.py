@@ -112,10 +112,12 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         with self.engine.arriving():  # the engine may wait for it to prefill a burst together
             return await self._on_prep(prepare.build_request, lm, request)
 
-    def _cancel_when_done(self, context, req) -> None:
-        # gRPC may only cancel the handler at its next write, a decode step
-        # later; the done callback fires as soon as the client goes away.
-        context.add_done_callback(lambda _: self.engine.cancel(req.id))
+    def _cancel_when_done(self, context, *work) -> None:
+        """When the call ends early (deadline, client gone), its streams and forward jobs leave
+        the engine, all the same way: engine.cancel(id), a no-op for what has finished.
+        gRPC may only cancel the handler at its next write, a decode step later; the done
+        callback fires as soon as the client goes away."""
+        context.add_done_callback(lambda _: [self.engine.cancel(w.id) for w in work if w.id])
 
     async def _forward(self, context, request, prep, *args):
         """Prepare forward jobs on the prep thread, run them on the engine: (model, results)."""
@@ -126,12 +128,11 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             raise OptionError(f"Embedding, Score and Rerank are not served for {serves.what}")
         with self.engine.arriving():  # concurrent embeddings arriving together share one pass
             jobs = await self._on_prep(prep, lm, request, *args)
-        # When the call ends early (deadline, client gone) its jobs leave the engine's queue.
-        context.add_done_callback(
-            lambda _: [setattr(j, "cancelled", True) for j in (jobs if isinstance(jobs, list) else [jobs])])
-        if not isinstance(jobs, list):
-            return lm, await self.engine.forward(jobs)
-        return lm, await asyncio.gather(*(self.engine.forward(j) for j in jobs))
+        many = isinstance(jobs, list)
+        jobs = jobs if isinstance(jobs, list) else [jobs]
+        self._cancel_when_done(context, *jobs)  # their ids are given as they are submitted, below
+        results = await asyncio.gather(*(self.engine.forward(j) for j in jobs))
+        return lm, (results if many else results[0])
 
     # ---- the host's view: health, status, metrics ----------------------------------
 

@@ -35,7 +35,7 @@ class EmbedJob:
     normalize: bool
     model_epoch: int = 0
     label: str = ""
-    cancelled: bool = False  # set when its call ends (Engine.cancel, or the servicer); it then leaves the queue
+    cancelled: bool = False  # set by Engine.cancel(id) when its call ends; it then leaves the queue
     id: int = 0  # given by Engine.forward
 
 

@@ -233,11 +233,6 @@ class Streams:
             self.batch.close()
         self.batch = None
 
-    def fail_all(self, error: EngineError) -> None:
-        for slot in list(self.waiting):
-            self.end(slot, Event(error=error))
-        self.fail_running(error)
-
 
 def _sampling_failed(slot: Slot, e: Exception) -> None:
     log.error("request %d: its sampler or logits processor failed", slot.request.id, exc_info=e)

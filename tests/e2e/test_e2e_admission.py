@@ -1,5 +1,6 @@
 """Load options checked before loading, admission bounds and a truthful Health, through the real server."""
 
+import threading
 import time
 
 import grpc
@@ -165,3 +166,55 @@ def test_health_turns_not_serving_while_the_engine_fails_or_is_stuck(backend, fa
     if fault == "stall":  # the failing passes may come after its two tokens, or fail it: either is right
         assert call.result().tokens == 2
     ordinary(stub)
+
+
+
+def test_a_cancelled_stream_leaves_the_rpc_gate_while_the_engine_is_busy(backend):
+    """The gate's place of a stream the client cancelled is free at once, not only when the
+    engine next sends that stream something: here the engine is blocked for 5 s admitting it
+    (fault "stall"); a call made after the cancel is let in while the stalled stream has not
+    yet left the engine (its log line comes after the stall), waits in the queue and is served."""
+    load(backend, "max_concurrent_rpcs:1", "health_timeout:0.5")
+    stub = backend.stub
+    wait_for(lambda: _served(stub), 60, "the first call after the load")
+    wait_for(lambda: health_states(backend) == (True, True), 30, "serving after the load")
+    opts = chat("Tell a story.", Tokens=5, CorrelationId="stalled-stream")
+    opts.Metadata["fault"] = "stall"
+    stalled = stub.PredictStream(opts, timeout=120)
+    threading.Thread(target=_drain, args=(stalled,), daemon=True).start()
+    wait_for(lambda: _refused_at_once(stub), 30, "the stalled stream holds the gate's one place")
+    wait_for(lambda: health_states(backend) == (False, False), 30, "the engine inside the stalled admission")
+    stalled.cancel()
+    call = wait_for(lambda: _let_in(stub), 30, "a call let in after the cancel")
+    assert "(stalled-stream)" not in _log(backend), "let in only once the stalled stream had left the engine"
+    assert call.result().tokens == 3
+
+
+def _drain(call) -> None:
+    try:
+        for _ in call:
+            pass
+    except grpc.RpcError:
+        pass
+
+
+def _refused_at_once(stub) -> bool:
+    try:
+        stub.Predict(chat("Name a lake.", Tokens=1), timeout=2)
+    except grpc.RpcError as e:
+        return e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    return False
+
+
+def _let_in(stub):
+    """A call that was not refused within 0.5 s (it waits in the engine), or None."""
+    call = stub.Predict.future(chat("Name a river.", Tokens=3), timeout=120)
+    time.sleep(0.5)
+    if call.done() and call.exception() is not None and call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    return call
+
+
+def _log(backend) -> str:
+    with open(backend.log_path, encoding="utf-8", errors="replace") as f:
+        return f.read()
