@@ -1,13 +1,12 @@
 """The engine: one thread owns the model and every MLX call; this is its scheduler.
 
 Work enters as typed commands through a thread-safe inbox (requests.py: Submit, Cancel,
-Swap, Stop, Lost; forward.Forward) and leaves as Events, handed to the event loop once per
-pass for all requests together. Streams run in one Batch (batch.py: the text or vision
-batch, speculation and lockstep wrap it), each with its own sampler, logits processors,
-token budget and text pipeline; forward work (embeddings, scores) runs a bounded chunk
-between two steps. A stream's way from arrival to its last event is streams.py's (with
-admission.py's queue and KV budget); what a variant of the engine changes (lockstep) comes
-in as Hooks.
+Swap, Stop, Lost) and leaves as Events, handed to the event loop once per pass for all
+requests together. The scheduler drives every kind of work through one interface (work.py)
+and never asks which kind it holds: the streams (streams.py: generation in one Batch,
+batch.py, which speculation and lockstep wrap; admission.py's queue and KV budget) and
+forward jobs (forward_queue.py: embeddings, scores, a bounded chunk between two steps).
+What a variant of the engine changes (lockstep) comes in as Hooks.
 
 Every request gets exactly one terminal event (a finish or an error) on every path:
 Streams.end is the only place a stream or a forward job leaves the engine, failures become
@@ -27,11 +26,10 @@ import time
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
 from engine.config import EngineConfig
-from engine.forward import Cancelled, Forward, ForwardWork, chunk_plan
+from engine.forward_queue import ForwardQueue
 from engine.health import Pulse
 from engine.hooks import Hooks
-from engine.requests import (Cancel, EngineError, Event, Lost, Request, Sink, Stop, Submit, Swap, failure, hand_over,
-                             stopped)
+from engine.requests import Cancel, EngineError, Event, Lost, Request, Sink, Stop, Submit, Swap, failure, hand_over, stopped
 from engine.streams import Streams
 
 __all__ = ["Engine", "EngineConfig", "EngineError", "Event", "Request", "Stop"]
@@ -65,7 +63,10 @@ class Engine:
         self._ids = itertools.count(1)
         self._outbox: List[tuple] = []  # (sink, event) to hand over at the end of the pass
         self._streams = Streams(self._outbox, self.metrics, self.hooks)
-        self._forward = ForwardWork()  # embeddings and scores, run a chunk at a time between steps
+        # Every kind of work, driven alike (work.py), a turn each per pass in this order:
+        # the streams' admission and step, then a chunk of forward jobs (embeddings, scores).
+        self._forward = ForwardQueue(self._streams, self.hooks)
+        self._work = [self._streams, self._forward]
         self._stopping = False
         self._pulse = Pulse()  # for Health, read from the event loop
         self.on_close: Optional[Callable[[str], None]] = None  # told, from the engine thread, why it ended
@@ -76,7 +77,7 @@ class Engine:
 
     @property
     def busy(self) -> bool:
-        return bool(self._streams.slots or self._streams.waiting or self._forward.pending)
+        return any(work.pending for work in self._work)
 
     @contextlib.contextmanager
     def arriving(self):
@@ -117,7 +118,7 @@ class Engine:
         EngineError. The job gets an id: cancel(job.id) takes it out, as setting job.cancelled does."""
         sink = Sink(asyncio.get_running_loop())
         job.id = next(self._ids)
-        self._put(Forward(job, sink))
+        self._put(Submit(job, sink))
         result = await sink.queue.get()
         if isinstance(result, Event):
             raise result.error
@@ -180,6 +181,7 @@ class Engine:
             self._mx = mx
             self._stream = mx.default_stream(mx.default_device())
             self._streams.mx, self._streams.stream = mx, self._stream
+            self._forward.mx_stream = self._stream
             last_mem = 0.0
             while not self._stopping:
                 self._pulse.beat = now = time.monotonic()
@@ -204,21 +206,17 @@ class Engine:
             self._close(cause)
 
     def _pass(self, idle: bool) -> None:
-        """Commands, admission, one step of the batch, one chunk of forward work."""
+        """Commands, then a turn of each kind of work (unless a burst is being held for)."""
         self._drain_inbox(None if idle else self._hold())
         self._flush()
-        if not self._hold():
-            self._streams.admit()
-            # A lone request's first token is sampled at admission (the direct path):
-            # out now, not with the next step's (that cost its TTFT one decode step,
-            # 60-90 ms of a ~240 ms warm TTFT on SmolLM2 f32, bench_prefix.py).
-            self._flush()
-        if self._streams.slots:
-            self._pulse.beat = time.monotonic()  # Health times each call of the pass: admit, step, chunk
-            self._step()
+        for work in self._work:
+            if self._hold():  # (asked again after each turn: the streams may have just ended)
+                return
+            self._pulse.beat = time.monotonic()  # Health times each call of the pass
+            work.run(self._flush, self._beat)
+
+    def _beat(self) -> None:
         self._pulse.beat = time.monotonic()
-        if self._forward.pending and not self._hold():
-            self._forward_chunk()
 
     def _close(self, cause: str) -> None:
         """No command is accepted any more; everything still inside gets its last event."""
@@ -226,16 +224,14 @@ class Engine:
         with self._lock:
             self.dead = cause
         error = stopped(cause)
-        for slot in list(self._streams.slots.values()) + list(self._streams.waiting):
-            self._streams.end(slot, Event(error=error))
-        for sink, _ in self._forward.drop_all():
-            self._streams.end(sink, Event(error=error))
+        for work in self._work:
+            work.fail_all(error, release=False)  # the thread is ending: nothing more is run
         while True:
             try:
                 command = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(command, (Submit, Forward)):
+            if isinstance(command, Submit):
                 self._streams.end(command.sink, Event(error=error))
             elif isinstance(command, Swap):
                 command.done.set_exception(error)
@@ -270,9 +266,7 @@ class Engine:
             return 0.0
         now = time.perf_counter()
         quiet = float("inf") if self.preparing > 0 else self.last_arrival + QUIET_S
-        waiting = self._streams.waiting
-        firsts = [t for t in (waiting[0].t_arrived if waiting else None,
-                              self._forward.first_arrival()) if t is not None]
+        firsts = [t for t in (work.first_arrival() for work in self._work) if t is not None]
         return max([0.0] + [min(t + COALESCE_S, quiet) - now for t in firsts])
 
     def _drain_inbox(self, timeout: Optional[float]) -> None:
@@ -294,12 +288,9 @@ class Engine:
 
     def _handle(self, command) -> None:
         if isinstance(command, Submit):
-            self._streams.enqueue(command.request, command.sink)
-        elif isinstance(command, Forward):
-            self._enqueue_forward(command)
+            next(w for w in self._work if w.accepts(command.item)).enqueue(command.item, command.sink)
         elif isinstance(command, Cancel):
-            if not self._forward.cancel(command.request_id):  # a job leaves at the next chunk
-                self._streams.cancel(command.request_id)
+            any(work.cancel(command.request_id) for work in self._work)  # the first that holds it
         elif isinstance(command, Swap):
             if command.done.set_running_or_notify_cancel():
                 try:
@@ -327,40 +318,9 @@ class Engine:
         if not disk_tier.drain_all(PROMPT_CACHE_DRAIN_S):
             log.warning("prompt cache: shutting down with disk writes still queued")
 
-    def _step(self) -> None:
-        """One step of the running streams."""
-        self._streams.step()
-
     def _fail_all(self, error: EngineError) -> None:
-        for slot in list(self._streams.waiting):
-            self._streams.end(slot, Event(error=error))
-        for sink, _ in self._forward.drop_all():
-            self._streams.end(sink, Event(error=error))
-        self._streams.fail_running(error)
-
-    def _enqueue_forward(self, command: Forward) -> None:
-        error = self.hooks.forward_refusal() or self._streams.refusal(command.job.model_epoch)
-        if error is not None:
-            self._streams.end(command.sink, Event(error=error))
-        else:
-            self._forward.add(command.job, command.sink)
-
-    # ---- forward work ---------------------------------------------------------------------
-
-    def _forward_chunk(self) -> None:
-        """One bounded chunk of embedding / score work (forward.py), between two decode steps."""
-        budget, prefix = chunk_plan(self.model, self.config.forward_chunk_tokens, self._streams.open)
-        try:
-            done = self._forward.run_chunk(self.model, budget, prefix, self._stream)
-        except Exception as e:  # outside any one job (each job's own failure is returned): fail them all
-            log.exception("forward work failed")
-            done = [(sink, e) for sink, _ in self._forward.drop_all()]
-        for sink, result in done:
-            if isinstance(result, Cancelled):
-                result = Event(error=failure("cancelled"))
-            elif isinstance(result, Exception):
-                result = Event(error=failure("forward", result))
-            self._streams.end(sink, result)
+        for work in self._work:
+            work.fail_all(error)
 
     # ---- the model ------------------------------------------------------------------------
 

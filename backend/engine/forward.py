@@ -74,13 +74,6 @@ class Cancelled(Exception):
 
 
 @dataclass
-class Forward:
-    """The engine command for one job."""
-    job: Any
-    sink: Any
-
-
-@dataclass
 class _Pending:
     job: Any
     sink: Any

@@ -62,7 +62,8 @@ class Event:
 
 @dataclass
 class Submit:
-    request: Request
+    """A stream's Request or a forward job, to the Work that accepts it (work.py)."""
+    item: Any
     sink: "Sink"
 
 

@@ -40,6 +40,41 @@ class Streams:
         self.model, self.config = model, config
         self.admission.reset(model, config, self.mx)
 
+    # ---- as the scheduler's Work (work.py) -------------------------------------------------
+
+    @staticmethod
+    def accepts(item) -> bool:
+        return isinstance(item, Request)
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.slots or self.waiting)
+
+    def first_arrival(self) -> Optional[float]:
+        return self.waiting[0].t_arrived if self.waiting else None
+
+    def run(self, flush, beat) -> None:
+        """One turn: admit what fits, then one step of everything running."""
+        self.admit()
+        # A lone request's first token is sampled at admission (the direct path):
+        # out now, not with the next step's (that cost its TTFT one decode step,
+        # 60-90 ms of a ~240 ms warm TTFT on SmolLM2 f32, bench_prefix.py).
+        flush()
+        if self.slots:
+            beat()  # Health times each call of the pass: admit, step, chunk
+            self.step()
+
+    def fail_all(self, error: EngineError, release: bool = True) -> None:
+        """Every stream, waiting or running, ends with `error`; with `release` the batch is
+        closed (its warm prefix-cache entries queued for the disk) and starts afresh."""
+        for slot in list(self.waiting):
+            self.end(slot, Event(error=error))
+        if release:
+            self.fail_running(error)
+            return
+        for slot in list(self.slots.values()):
+            self.end(slot, Event(error=error))
+
     # ---- the way in ---------------------------------------------------------------------
 
     def refusal(self, model_epoch: int) -> Optional[EngineError]:
@@ -65,18 +100,20 @@ class Streams:
         slot.pipeline = TextPipeline(lm.detokenizer(), request.stops, request.router)
         self.waiting.append(slot)
 
-    def cancel(self, request_id: int) -> None:
+    def cancel(self, request_id: int) -> bool:
+        """Take a stream out (its last event: cancelled); whether it was here."""
         for slot in list(self.waiting) + list(self.slots.values()):
             if slot.request.id != request_id:
                 continue
             if slot.uid not in self.slots:
                 self.end(slot, slot.event(finish="cancelled"))
-                return
+                return True
             # Only a request that reached decoding has a cache known to be whole
             # (a prompt batch mid-prefill may still hold padding).
             cache, tokens = self._take(slot, keep_cache=bool(slot.t_first))
             self._finish(slot, "cancelled", [], cache, tokens)
-            return
+            return True
+        return False
 
     def admit(self) -> None:
         if self.waiting:

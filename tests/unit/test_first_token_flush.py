@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from common.launcher import backend_pb2 as pb
-from engine import Engine, core
+from engine import Engine, streams
 from loaders import model_loader
 import prepare
 
@@ -25,14 +25,14 @@ def model():
 def test_the_first_token_is_delivered_before_the_next_step(model, monkeypatch):
     first_seen = threading.Event()
     released_by = []
-    step = core.Engine._step
+    step = streams.Streams.step
 
     def held_step(self):
         if not released_by:  # the first step after admission waits for the caller's first event
             released_by.append("first event" if first_seen.wait(LIVENESS_S) else "liveness bound")
         return step(self)
 
-    monkeypatch.setattr(core.Engine, "_step", held_step)
+    monkeypatch.setattr(streams.Streams, "step", held_step)
     engine = Engine()
     try:
         engine.swap(model).result(60)
