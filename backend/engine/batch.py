@@ -84,7 +84,7 @@ def open_batch(lm, config, stream, mx, disk_bytes: int, speculate: bool) -> Batc
         prompt_cache_bytes=config.prompt_cache_bytes, prompt_cache_entries=config.prompt_cache_entries,
         prompt_cache_disk_bytes=disk_bytes, stream=stream)
     if speculate and batch.capabilities.speculate:
-        from engine import spec_batch
+        from engine.spec_batch import SpeculatingBatch
 
-        return spec_batch.wrap(batch, lm, stream)
+        return SpeculatingBatch(batch, lm, stream)
     return batch

@@ -155,29 +155,29 @@ class Slot:
 # ---- failures: what each becomes for the caller (code, message) -----------------
 
 
+# Failures whose message says it all, and those that add what was raised.
+_FIXED = {
+    "not loaded": ("FAILED_PRECONDITION", "mlx: model not loaded"),
+    "reloaded": ("ABORTED", "the model was reloaded while the request was prepared"),
+    "swapped": ("ABORTED", "the model was unloaded or replaced"),
+    "shutdown": ("CANCELLED", "the backend is shutting down"),
+    "cancelled": ("CANCELLED", "the caller went away"),
+    "loop": ("INTERNAL", "internal engine error (see the backend log)"),
+}
+_RAISED = {  # an INTERNAL error: this prefix, then the exception (its pipeline, its speculative step: the rest)
+    "admission": "request setup failed",
+    "sampling": "request failed while sampling",
+    "forward": "forward pass failed",
+}
+
+
 def failure(where: str, e: BaseException = None) -> EngineError:
     """The EngineError a caller sees for a failure at `where`; every handler maps through here."""
-    if where == "not loaded":
-        return EngineError("FAILED_PRECONDITION", "mlx: model not loaded")
-    if where == "reloaded":
-        return EngineError("ABORTED", "the model was reloaded while the request was prepared")
-    if where == "swapped":
-        return EngineError("ABORTED", "the model was unloaded or replaced")
-    if where == "shutdown":
-        return EngineError("CANCELLED", "the backend is shutting down")
-    if where == "cancelled":
-        return EngineError("CANCELLED", "the caller went away")
-    if where == "loop":
-        return EngineError("INTERNAL", "internal engine error (see the backend log)")
-    detail = f"{type(e).__name__}: {e}"
-    if where == "admission":
-        return EngineError("INTERNAL", f"request setup failed: {detail}")
-    if where == "sampling":
-        return EngineError("INTERNAL", str(e) if isinstance(e, RequestFailure)
-                           else f"request failed while sampling: {detail}")
-    if where == "forward":
-        return EngineError("INTERNAL", f"forward pass failed: {detail}")
-    return EngineError("INTERNAL", f"request failed: {detail}")  # its pipeline, its speculative step
+    if where in _FIXED:
+        return EngineError(*_FIXED[where])
+    if where == "sampling" and isinstance(e, RequestFailure):  # a request's own processor said why
+        return EngineError("INTERNAL", str(e))
+    return EngineError("INTERNAL", f"{_RAISED.get(where, 'request failed')}: {type(e).__name__}: {e}")
 
 
 def stopped(cause: str) -> EngineError:

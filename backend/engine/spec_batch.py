@@ -30,10 +30,6 @@ class _Stream:
     spec: Any = None  # speculate.Track, once it has decoded speculatively
 
 
-def wrap(inner, lm, stream):
-    return SpeculatingBatch(inner, lm, stream)
-
-
 class SpeculatingBatch:
     capabilities = Capabilities(speculate=True, shares_prefix=True)
 
