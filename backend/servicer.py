@@ -25,7 +25,8 @@ import replies
 import rpc_gate
 from rpc_gate import gated
 from status_map import answered, answered_stream
-from engine import Engine, EngineConfig, EngineError, spec_config
+from engine import Engine, EngineConfig, EngineError
+from engine.speculation import spec_config
 from loaders import adapt_options, media_bounds, model_loader
 
 log = logging.getLogger("mlx-backend")

@@ -313,7 +313,7 @@ class Engine:
     def _keep_prompt_cache(self) -> None:
         """Let the prefix cache's disk writes finish, within the engine's stop time (backend.py
         joins this thread for ENGINE_STOP_S): the most recently used entries were queued first."""
-        from engine import disk_tier
+        from engine.prefix import disk_tier
 
         if not disk_tier.drain_all(PROMPT_CACHE_DRAIN_S):
             log.warning("prompt cache: shutting down with disk writes still queued")

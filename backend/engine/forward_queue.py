@@ -1,7 +1,7 @@
 """Forward jobs (embeddings, scores, rerank pairs) as the scheduler sees them: one of its two
 kinds of Work, driven the same way as the streams (streams.py). Engine thread only.
 
-Jobs wait in ForwardWork's queue (forward.py) and run one bounded chunk per pass, after the
+Jobs wait in ForwardWork's queue (forward/passes.py) and run one bounded chunk per pass, after the
 streams' step; a job leaves through the same exit as a stream (Streams.end), with its result
 or its error.
 """
@@ -9,7 +9,7 @@ or its error.
 import logging
 from typing import Optional
 
-from engine.forward import Cancelled, ForwardWork, chunk_plan
+from engine.forward.passes import Cancelled, ForwardWork, chunk_plan
 from engine.requests import Event, failure
 
 log = logging.getLogger("mlx-backend.engine")
@@ -43,7 +43,7 @@ class ForwardQueue:
         return self.work.cancel(job_id)  # a job leaves at the next chunk
 
     def run(self, flush, beat) -> None:
-        """One bounded chunk of embedding / score work (forward.py), between two decode steps."""
+        """One bounded chunk of embedding / score work (forward/passes.py), between two decode steps."""
         if not self.work.pending:
             return
         model, config = self.streams.model, self.streams.config

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from common.mlx_utils import Delta, OutputRouter, TextPipeline
-from engine.sampling import RequestFailure, SamplingParams
+from engine.lanes.sampling import RequestFailure, SamplingParams
 
 
 class EngineError(Exception):

@@ -1,7 +1,7 @@
 """The streams of the served model, from their arrival to their last event (engine thread only).
 
 Requests wait in order for a place in the batch and for their KV reservation (admission.py),
-run in the model's Batch (batch.py) one step at a time, and leave through `end`: the one
+run in the model's Batch (lanes/batch.py) one step at a time, and leave through `end`: the one
 place a stream, or a forward job, gets its terminal event, exactly once. A failure is
 confined to the request it belongs to whenever that request is known; failures become the
 caller's errors in requests.failure.
@@ -15,7 +15,8 @@ from typing import Deque, Dict, List, Optional
 from common.mlx_utils import TextPipeline
 from engine import faults
 from engine.admission import Admission
-from engine.batch import Failed, open_batch
+from engine.batch_factory import open_batch
+from engine.lanes.batch import Failed
 from engine.requests import EngineError, Event, Request, Sink, Slot, failure, refused
 
 log = logging.getLogger("mlx-backend.engine")
@@ -151,7 +152,7 @@ class Streams:
     def open(self):
         """The model's batch, built on first use."""
         if self.batch is None:
-            from engine import disk_tier
+            from engine.prefix import disk_tier
 
             budget = self.config.prompt_cache_disk_bytes
             disk = disk_tier.default_disk_bytes(disk_tier.folder_root()) if budget is None else budget
@@ -199,7 +200,7 @@ class Streams:
             return
         slot.tokens += 1
         if slot.request.logprobs:
-            from engine.logprobs import entry
+            from engine.lanes.logprobs import entry
 
             slot.logprobs.append(entry(self.model.tokenizer, r.token, r.logprobs, slot.request.top_logprobs))
         deltas = slot.pipeline.add_token(r.token)

@@ -3,7 +3,7 @@
 A KV cache type asked for at load (adapt_options.KVSpec: quantized or float16)
 is installed on the model, so that every cache later built for it takes that
 form, and then measured by running the model once. The cache classes themselves
-are runtime code the batch runs every step (engine/kv_rows.py); loaders never
+are runtime code the batch runs every step (engine/kv/kv_rows.py); loaders never
 import the engine, so the engine package hands its `install` over here when imported.
 """
 
@@ -15,7 +15,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from loaders.adapt_options import KVSpec
 
-_install: Optional[Callable] = None  # engine.kv_rows.install, once the engine is imported
+_install: Optional[Callable] = None  # engine.kv.kv_rows.install, once the engine is imported
 
 
 def provide(install_forms: Callable) -> None:
@@ -25,7 +25,7 @@ def provide(install_forms: Callable) -> None:
 
 
 def install(model, spec: Optional[KVSpec]) -> None:
-    """Make every cache this model builds from now on follow `spec` (engine.kv_rows.install)."""
+    """Make every cache this model builds from now on follow `spec` (engine.kv.kv_rows.install)."""
     if spec is None:
         return
     if _install is None:  # a bug, not a bad request: the engine package is imported before any load

@@ -13,8 +13,8 @@ from typing import List, Sequence, Tuple
 
 from common.python_utils import OptionError
 from engine import EngineError
-from engine.forward import EmbedJob, ScoreJob
-from engine.pair_forward import PairJob
+from engine.forward.pair_forward import PairJob
+from engine.forward.passes import EmbedJob, ScoreJob
 import limits
 import load_options
 

@@ -6,7 +6,7 @@ import os
 from typing import Dict
 
 from common.python_utils import OptionError, parse_json_field
-from engine.sampling import SamplingParams
+from engine.lanes.sampling import SamplingParams
 
 from .spec import RequestSpec, SamplingFields
 

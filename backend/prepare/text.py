@@ -10,7 +10,8 @@ from typing import Any, Dict, List, Tuple
 
 from common.mlx_utils import OutputRouter
 from common.python_utils import OptionError, parse_bool, parse_json_field, parse_tools
-from engine import EngineError, Request, snapshots
+from engine import EngineError, Request
+from engine.prefix import snapshots
 
 from . import faults, media
 from .render_guard import bounded
@@ -82,7 +83,7 @@ def chat_boundaries(lm, spec: RequestSpec, tools, text: str, tokens: List[int]) 
 
     The next turn of the chat keeps everything before it and differs from there on (its
     own reply, edited or not, and a new message), so a model whose cache cannot be
-    trimmed back (engine.snapshots) keeps a snapshot there. The other models never pay
+    trimmed back (engine.prefix.snapshots) keeps a snapshot there. The other models never pay
     for the second render. Found as the tokens the full prompt shares with the render of
     the messages before the last one, when that render is a prefix of the full one's text.
     Only the text batch keeps snapshots: a model that takes media has none.
@@ -186,7 +187,7 @@ def _check_counts(spec: RequestSpec) -> None:
 def _processors(lm, spec: RequestSpec) -> Tuple[list, "faults.Plan"]:
     """(logits processors beyond sampling: a grammar, injected faults; the fault plan)."""
     extra, plan = faults.requested_faults(spec.metadata)
-    from engine import grammar
+    from engine.lanes import grammar
 
     source = grammar.grammar_source(spec.grammar, spec.metadata, spec.bounds.max_json_depth)
     if source is not None:

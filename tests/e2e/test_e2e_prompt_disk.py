@@ -1,4 +1,4 @@
-"""End-to-end: the prefix cache outlives the process (engine/disk_tier.py).
+"""End-to-end: the prefix cache outlives the process (engine/prefix/disk_tier.py).
 
 A first server serves a prompt of every family (tiny random models, family_models.py)
 and is stopped with SIGTERM; a second server, on the same models and the same

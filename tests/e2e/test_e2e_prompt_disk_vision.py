@@ -1,4 +1,4 @@
-"""End-to-end: a vision model's prefix cache outlives the process (engine/disk_tier.py).
+"""End-to-end: a vision model's prefix cache outlives the process (engine/prefix/disk_tier.py).
 
 A first server serves a raw prompt with an image (tiny random vision models,
 vision_fixture.py) and is stopped with SIGTERM; a second server, on the same

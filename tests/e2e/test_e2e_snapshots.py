@@ -3,7 +3,7 @@ exactly as a cold run serves them.
 
 Families whose cache cannot be trimmed back (sliding windows past their 16 tokens,
 recurrent states) used to reuse a cache only for a prompt extending a finished
-request token for token. With boundary snapshots (engine.snapshots) the second turn
+request token for token. With boundary snapshots (engine.prefix.snapshots) the second turn
 of a chat whose assistant message was edited, the same turn with another last
 question, and the same prompt again all restore a snapshot. For each family through
 the real server: turn 1 (system + user, past the windows), then those prompts; each

@@ -8,7 +8,7 @@ import pytest
 
 from common.launcher import backend_pb2 as pb
 from engine import Engine, core
-from engine.text_batch import TextBatch
+from engine.lanes.text_batch import TextBatch
 from loaders import model_loader
 import prepare
 

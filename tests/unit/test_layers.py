@@ -209,3 +209,51 @@ def test_preparation_never_imports_the_servicer():
 def test_cycles_finds_a_circle_and_only_circles():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+# ---- inside the engine ----------------------------------------------------------
+
+# The engine's parts and what each may import of the others: the scheduler (the modules at the
+# engine's top) picks and drives the rest; lockstep wraps the scheduler.
+ENGINE_PARTS = {
+    "kv": {"kv"},
+    "prefix": {"prefix", "kv"},
+    "lanes": {"lanes", "prefix", "kv"},
+    "forward": {"forward", "prefix", "kv"},
+    "speculation": {"speculation", "lanes", "prefix", "kv"},
+    "scheduler": {"scheduler", "speculation", "lanes", "forward", "prefix", "kv"},
+    "lockstep": {"lockstep", "scheduler", "speculation", "lanes", "forward", "prefix", "kv"},
+}
+
+
+def _part(module: str) -> Optional[str]:
+    parts = module.split(".")
+    if parts[0] != "engine":
+        return None
+    if len(parts) > 1 and parts[1] in ENGINE_PARTS and MODULES.get(f"engine.{parts[1]}", "").endswith("__init__.py"):
+        return parts[1]
+    return "scheduler"
+
+
+def engine_crossings(graph: Dict[str, Set[str]]) -> List[str]:
+    return sorted(f"{m} -> {t}" for m, targets in graph.items() if _part(m)
+                  for t in targets if _part(t) and _part(t) not in ENGINE_PARTS[_part(m)])
+
+
+def test_every_engine_part_is_a_package():
+    # A sub-package of the engine is named in ENGINE_PARTS before its imports can be judged.
+    packages = {m.split(".")[1] for m, path in MODULES.items()
+                if m.startswith("engine.") and m.count(".") == 1 and path.endswith("__init__.py")}
+    assert packages == set(ENGINE_PARTS) - {"scheduler"}
+
+
+def test_the_engine_parts_import_only_downward():
+    assert engine_crossings(GRAPH) == []
+
+
+def test_engine_crossings_sees_a_wrong_way_import():
+    graph = {"engine.prefix.snapshots": {"engine.lanes.text_batch", "engine.kv.rewind"},
+             "engine.lanes.text_batch": {"engine.prefix.prompt_store"},
+             "engine.kv.rewind": {"engine.core"}}
+    assert engine_crossings(graph) == ["engine.kv.rewind -> engine.core",
+                                       "engine.prefix.snapshots -> engine.lanes.text_batch"]

@@ -116,6 +116,6 @@ def test_near_misses_of_a_choice_are_still_refused(entry):
     ("speculation:off", "draft-dir", "off"),
 ])
 def test_speculation_on_means_the_default_kind(written, draft_model, mode):
-    from engine import spec_config
+    from engine.speculation import spec_config
 
     assert spec_config.parse(parse([written] if written else []), draft_model).mode == mode

@@ -51,7 +51,7 @@ def test_each_model_gets_its_own_grammar_vocabulary():
     vocabulary: the vocabulary is kept in the model's own `derived` state, so its key is
     the model itself and lives and dies with it. A key another object could share (an
     id() that CPython hands out again after a Free) would be a cache across models."""
-    from engine import grammar
+    from engine.lanes import grammar
 
     plain, thinking = _tokenizers()
     assert thinking.convert_ids_to_tokens(3) == "<think>" and plain.convert_ids_to_tokens(3) != "<think>"

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from engine.lockstep import group, wire
 from loaders.model_loader import ModelLoadError
-from engine.sampling import SamplingParams
+from engine.lanes.sampling import SamplingParams
 
 floats = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, width=32)
 sampling = st.builds(

@@ -3,7 +3,7 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine.ngram import NgramIndex
+from engine.speculation.ngram import NgramIndex
 
 TOKENS = st.lists(st.integers(0, 4), max_size=60)  # a small alphabet: many repeats
 

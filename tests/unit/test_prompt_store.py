@@ -1,4 +1,4 @@
-"""The prefix cache's disk tier (engine/prompt_store.py, disk_tier.py, cache_files.py), without a server: the file format
+"""The prefix cache's disk tier (engine/prefix/prompt_store.py, disk_tier.py, cache_files.py), without a server: the file format
 round-trips every cache kind bit for bit, torn files are skipped and removed, the byte
 budget holds, two stores sharing a folder serve each other's files, and another model,
 adapter scale, dtype or KV cache type never matches."""
@@ -17,12 +17,12 @@ mx = pytest.importorskip("mlx.core")
 from mlx.utils import tree_flatten  # noqa: E402
 from mlx_lm.models.cache import CacheList, KVCache, RotatingKVCache, make_prompt_cache  # noqa: E402
 
-from engine import disk_tier  # noqa: E402
-from engine.cache_files import decode_cache, encode_cache, fingerprint  # noqa: E402
-from engine.disk_tier import DiskTier  # noqa: E402
-from engine.prompt_store import PromptStore  # noqa: E402
+from engine.prefix import disk_tier  # noqa: E402
+from engine.prefix.cache_files import decode_cache, encode_cache, fingerprint  # noqa: E402
+from engine.prefix.disk_tier import DiskTier  # noqa: E402
+from engine.prefix.prompt_store import PromptStore  # noqa: E402
 from family_models import FAMILIES, build  # noqa: E402
-from engine import kv_rows  # noqa: E402
+from engine.kv import kv_rows  # noqa: E402
 from loaders.adapt_options import KVSpec  # noqa: E402
 
 PROMPT = [5, 17, 301, 42, 42, 9, 77, 1000, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25]
@@ -216,7 +216,7 @@ import sys
 sys.path[:0] = sys.argv[3:]
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
-from engine import disk_tier
+from engine.prefix import disk_tier
 tier = disk_tier.DiskTier(__import__("pathlib").Path(sys.argv[1]), "p" * 32, 1 << 40)
 for i in range(int(sys.argv[2])):
     tokens = [7, i % 5] + list(range(200))

@@ -1,4 +1,4 @@
-"""The prefix cache's disk tier for vision models (engine/cache_files.py, disk_tier.py), without a server.
+"""The prefix cache's disk tier for vision models (engine/prefix/cache_files.py, disk_tier.py), without a server.
 
 A vision model's cache is keyed by the prompt with its media tokens replaced by
 negative 64-bit content hashes (media.keyed_tokens), and its cache list ends with
@@ -17,12 +17,12 @@ from mlx.utils import tree_flatten  # noqa: E402
 import numpy as np  # noqa: E402
 
 import backend_pb2  # noqa: E402
-from engine import disk_tier  # noqa: E402
-from engine.cache_files import decode_cache, encode_cache, fingerprint  # noqa: E402
-from engine.disk_tier import DiskTier  # noqa: E402
-from engine.prompt_store import PromptStore, make_store  # noqa: E402
-from engine.sampling import SamplingParams  # noqa: E402
-from engine.vision_batch import VisionBatch  # noqa: E402
+from engine.lanes.sampling import SamplingParams  # noqa: E402
+from engine.lanes.vision_batch import VisionBatch  # noqa: E402
+from engine.prefix import disk_tier  # noqa: E402
+from engine.prefix.cache_files import decode_cache, encode_cache, fingerprint  # noqa: E402
+from engine.prefix.disk_tier import DiskTier  # noqa: E402
+from engine.prefix.prompt_store import PromptStore, make_store  # noqa: E402
 from loaders.vision_model import MediaState  # noqa: E402
 from prepare.media import MEDIA_MARKER  # noqa: E402
 from vision_fixture import FAMILIES, image_b64, tiny_vision  # noqa: E402

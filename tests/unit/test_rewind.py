@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 from mlx_lm.models.cache import (
     ArraysCache, CacheList, KVCache, QuantizedKVCache, RotatingKVCache, trim_prompt_cache)
 
-from engine.rewind import can_rewind, draft_room
+from engine.kv.rewind import can_rewind, draft_room
 
 HEADS, DIM = 2, 64  # 64: one quantization group
 TABLE = mx.random.normal((400, 3, HEADS, DIM), key=mx.random.key(3))  # per token: q, k, v

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.row_batch import run_rows, take_rows
+from engine.forward.row_batch import run_rows, take_rows
 
 lengths = st.lists(st.integers(1, 40), min_size=1, max_size=6)
 pending = st.builds(lambda inputs, done, wanted: SimpleNamespace(

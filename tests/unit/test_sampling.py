@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine import grammar
+from engine.lanes import grammar
 from common.python_utils import OptionError
-from engine.sampling import SamplingParams, make_processors, make_sampler
+from engine.lanes.sampling import SamplingParams, make_processors, make_sampler
 
 
 def logprobs_of(values):

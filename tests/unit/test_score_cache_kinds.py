@@ -10,8 +10,8 @@ mx = pytest.importorskip("mlx.core")
 from mlx_lm.models import gemma3_text, mamba  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
-from engine.forward import ScoreJob, _body  # noqa: E402
-from engine.score_rows import score_rows as _score_rows  # noqa: E402
+from engine.forward.passes import ScoreJob, _body  # noqa: E402
+from engine.forward.score_rows import score_rows as _score_rows  # noqa: E402
 
 VOCAB = 300
 

@@ -1,4 +1,4 @@
-"""Boundary snapshots (engine.snapshots) hold exactly what mlx-lm's own classes leave.
+"""Boundary snapshots (engine.prefix.snapshots) hold exactly what mlx-lm's own classes leave.
 
 A prompt admitted to the text batch of a model whose cache cannot be trimmed
 (a rotating window past its size, a recurrent state) leaves a snapshot in the
@@ -22,8 +22,8 @@ from mlx_lm import load  # noqa: E402
 from mlx_lm.models.cache import CacheList, KVCache, make_prompt_cache  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
-from engine.sampling import SamplingParams  # noqa: E402
-from engine.text_batch import TextBatch  # noqa: E402
+from engine.lanes.sampling import SamplingParams  # noqa: E402
+from engine.lanes.text_batch import TextBatch  # noqa: E402
 from family_models import build  # noqa: E402
 
 STEP = 32  # prefill step: the 70-token prompt takes several passes

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine.sampling import SamplingParams, make_sampler
-from engine.speculate import verify
+from engine.lanes.sampling import SamplingParams, make_sampler
+from engine.speculation.speculate import verify
 
 V = 5
 TABLE = np.random.default_rng(7).normal(0.0, 1.5, size=(V, V)).astype(np.float32)  # logits of next | prev

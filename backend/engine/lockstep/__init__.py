@@ -7,7 +7,7 @@ that changes it is written to a journal; the other ranks (followers) open no
 port and replay that journal on their own TextBatch, call for call. The model
 is split across ranks with mlx-lm's `shard()`, so each forward pass holds
 collectives (all_sum) that only line up because every rank runs the same
-admit / step sequence. Samplers carry per-request keys (engine/sampling.py) and the
+admit / step sequence. Samplers carry per-request keys (engine/lanes/sampling.py) and the
 logits after the all_sum are the same on every rank, so every rank draws the
 same tokens without exchanging them.
 

@@ -129,7 +129,7 @@ class Follower:
     def _apply(self, op: dict) -> None:
         kind = op["k"]
         if kind == "new":
-            from engine.text_batch import TextBatch
+            from engine.lanes.text_batch import TextBatch
 
             settings = {k: v for k, v in op.items() if k != "k"}
             self.text = TextBatch(self.lm, stream=self.stream, **settings)

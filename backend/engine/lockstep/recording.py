@@ -3,7 +3,7 @@
 import logging
 from typing import Dict, List
 
-from engine.batch import Capabilities
+from engine.lanes.batch import Capabilities
 from engine.lockstep.group import GroupLost
 from engine.lockstep.wire import admit_wire
 

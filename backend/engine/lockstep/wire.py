@@ -178,7 +178,7 @@ def admit_wire(prompt, max_tokens, sampling, extra, ignore_eos, direct) -> dict:
 
 
 def sampling_from_wire(d: dict):
-    from engine.sampling import SamplingParams
+    from engine.lanes.sampling import SamplingParams
 
     d = dict(d, logit_bias={int(k): v for k, v in d["logit_bias"].items()})
     return SamplingParams(**d)
@@ -188,7 +188,8 @@ def processors_from_wire(lm, specs) -> list:
     out = []
     for kind, *args in specs:
         if kind == "grammar":
-            from engine import faults, grammar
+            from engine import faults
+            from engine.lanes import grammar
 
             source, field, fault_at = args
             out.append(faults.grammar(grammar.compile_processor(lm, source, field), fault_at))

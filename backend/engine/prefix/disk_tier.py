@@ -1,7 +1,7 @@
 """The prefix cache's disk tier: one model's folder of entries, and the writer that fills it.
 
 On disk: `<prompt-cache folder>/<model fingerprint>/<token hash>.safetensors`
-(engine/cache_files.py: the format). What memory evicts goes to a writer thread;
+(engine/prefix/cache_files.py: the format). What memory evicts goes to a writer thread;
 a lookup finds the longest file whose tokens a prompt extends (or, for a cache that
 can be trimmed, shares a prefix with) from an index of the folder, refreshed when
 its listing changes (another process sharing the folder), and reads it back on the
@@ -25,7 +25,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import can_trim_prompt_cache
 
-from engine.cache_files import (FORMAT, SUFFIX, decode_cache, encode_cache, file_name, read_header, remove_file,
+from engine.prefix.cache_files import (FORMAT, SUFFIX, decode_cache, encode_cache, file_name, read_header, remove_file,
                                 tokens_of, tokens_text, write_atomically)
 
 log = logging.getLogger("mlx-backend.prompt-store")

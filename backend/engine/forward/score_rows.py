@@ -11,7 +11,7 @@ import mlx.core as mx
 from mlx.utils import tree_map
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from engine import snapshots
+from engine.prefix import snapshots
 
 log = logging.getLogger("mlx-backend.forward")
 

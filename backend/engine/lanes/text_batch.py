@@ -14,10 +14,10 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
-from engine import snapshots
-from engine.batch import Capabilities
-from engine.prompt_store import make_store
-from engine.sampling import SamplingParams, make_processors, make_sampler
+from engine.lanes.batch import Capabilities
+from engine.lanes.sampling import SamplingParams, make_processors, make_sampler
+from engine.prefix import snapshots
+from engine.prefix.prompt_store import make_store
 
 log = logging.getLogger("mlx-backend.text")
 
@@ -77,7 +77,7 @@ class TextBatch:
         self.prefill_step_size = prefill_step_size
         self._eos = StopSequences([(t,) for t in lm.tokenizer.eos_token_ids])
         self._no_stop = StopSequences([])
-        # Boundary snapshots (engine.snapshots) only where the cache cannot be trimmed back.
+        # Boundary snapshots (engine.prefix.snapshots) only where the cache cannot be trimmed back.
         self.snapshots = snapshots.wanted(lm.model)
         self._snapping: Dict[int, int] = {}  # uid -> its prompt's length, while its prefill snapshots
 

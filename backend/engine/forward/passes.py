@@ -22,9 +22,10 @@ from typing import Any, Callable, Deque, List, Optional
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from engine import pair_forward, snapshots
-from engine.row_batch import run_rows, take_rows
-from engine.score_rows import rows_end, save, score_rows, warm_cache
+from engine.forward import pair_forward
+from engine.forward.row_batch import run_rows, take_rows
+from engine.forward.score_rows import rows_end, save, score_rows, warm_cache
+from engine.prefix import snapshots
 
 log = logging.getLogger("mlx-backend.forward")
 

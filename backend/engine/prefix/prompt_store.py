@@ -7,8 +7,8 @@ behind it. What memory evicts, and what it still holds when the batch closes
 better than disk is served from the longest file whose tokens it extends (or,
 for a cache that can be trimmed, shares a prefix with), read back into memory.
 
-The files and their fingerprint: engine/cache_files.py; the folder, its index, its
-budget and the writer thread: engine/disk_tier.py.
+The files and their fingerprint: engine/prefix/cache_files.py; the folder, its index, its
+budget and the writer thread: engine/prefix/disk_tier.py.
 
 Engine thread, but the figures (`figures`) are read by any thread.
 """
@@ -18,8 +18,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from mlx_lm.models.cache import LRUPromptCache, PromptTrie
 
-from engine.cache_files import fingerprint
-from engine.disk_tier import DiskTier, folder_root
+from engine.prefix.cache_files import fingerprint
+from engine.prefix.disk_tier import DiskTier, folder_root
 
 log = logging.getLogger("mlx-backend.prompt-store")
 

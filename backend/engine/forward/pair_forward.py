@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import mlx.core as mx
 
-from engine.row_batch import run_rows, take_rows
+from engine.forward.row_batch import run_rows, take_rows
 
 log = logging.getLogger("mlx-backend.forward")
 

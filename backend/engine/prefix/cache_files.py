@@ -1,7 +1,7 @@
 """The prefix cache's files: one entry per safetensors file, and the model's fingerprint.
 
 Each file holds one entry's arrays and, in its safetensors metadata, its tokens and
-how to rebuild its cache objects, mlx-lm's classes and ours (engine/kv_rows.py,
+how to rebuild its cache objects, mlx-lm's classes and ours (engine/kv/kv_rows.py,
 a vision model's MediaState) alike (mlx-lm's own loader finds classes in its module
 only). Tokens are little-endian int64, in the metadata and in the file name's hash:
 a vision model's prompts are keyed with their media tokens replaced by negative
@@ -107,7 +107,7 @@ def fingerprint(lm) -> str:
 
 def _class_tag(layer) -> Optional[str]:
     """How a cache class is named in the file (None: a class this format does not know)."""
-    from engine import kv_rows
+    from engine.kv import kv_rows
     from loaders.vision_model import MediaState
 
     cls = type(layer)
@@ -123,7 +123,7 @@ def _class_tag(layer) -> Optional[str]:
 
 
 def _class_of(tag: str):
-    from engine import kv_rows
+    from engine.kv import kv_rows
     from loaders.vision_model import MediaState
 
     kind, name = tag.split(":", 1)

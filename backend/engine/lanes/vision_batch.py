@@ -18,7 +18,7 @@ tower once). Our uids are our own: the batch generator's are mapped to them.
 The prefix cache is keyed by the prompt with its media tokens replaced by
 content hashes (media.keyed_tokens): a repeated image with the same prompt
 prefix is warm, a different image never matches, in memory and on disk alike.
-A cache read back from a file (engine/prompt_store.py) is one from memory:
+A cache read back from a file (engine/prefix/prompt_store.py) is one from memory:
 `cached` counts the key's tokens it serves (the key is as long as the prompt),
 the prefill starts there, positions and the mRoPE delta come from the whole
 prompt, and its MediaState is set anew for this request before it joins the
@@ -34,9 +34,9 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import mlx.core as mx
 
-from engine.batch import Capabilities
-from engine.sampling import SamplingParams
-from engine.text_batch import First, TextBatch, _argmax
+from engine.lanes.batch import Capabilities
+from engine.lanes.sampling import SamplingParams
+from engine.lanes.text_batch import First, TextBatch, _argmax
 
 log = logging.getLogger("mlx-backend.vision")
 

@@ -24,7 +24,7 @@ import mlx.core as mx
 from mlx.utils import tree_map
 from mlx_lm.models.cache import CacheList, KVCache, make_prompt_cache
 
-from engine.rewind import can_rewind
+from engine.kv.rewind import can_rewind
 
 # LRUPromptCache evicts its "assistant" entries (finished requests) before "user" ones
 # before "system" ones (each while it holds at least as many as the next). The end of a

@@ -12,8 +12,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from engine import speculate
-from engine.batch import Capabilities, Failed
+from engine.lanes.batch import Capabilities, Failed
+from engine.speculation import speculate
 
 log = logging.getLogger("mlx-backend.engine")
 

@@ -16,7 +16,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from common.python_utils import JSON_DEPTH, OptionError, parse_json_field
-from engine.sampling import RequestFailure
+from engine.lanes.sampling import RequestFailure
 
 log = logging.getLogger("mlx-backend.grammar")
 

@@ -29,10 +29,10 @@ import mlx.core as mx
 from mlx_lm.generate import StopSequences
 from mlx_lm.models.cache import CacheList, make_prompt_cache, trim_prompt_cache
 
-from engine.ngram import NgramIndex
-from engine.rewind import can_rewind, draft_room
-from engine.sampling import make_processors, make_sampler
-from engine.spec_config import Settings, settings_of  # noqa: F401 (spec_batch reads settings here)
+from engine.lanes.sampling import make_processors, make_sampler
+from engine.kv.rewind import can_rewind, draft_room
+from engine.speculation.ngram import NgramIndex
+from engine.speculation.spec_config import Settings, settings_of  # noqa: F401 (spec_batch reads settings here)
 
 log = logging.getLogger("mlx-backend.speculate")
 
@@ -266,7 +266,7 @@ class Solo:
 
     def rejoin(self, gen, on_error: Callable[[Exception], None]) -> int:
         """Back into the batch generator from where it is; its new uid there."""
-        from engine.text_batch import _argmax, guarded
+        from engine.lanes.text_batch import _argmax, guarded
 
         cache, held = self.release()
         if cache is None:

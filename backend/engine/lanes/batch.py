@@ -1,12 +1,12 @@
-"""The one interface the scheduler drives generation through (Batch), and the batch for a model.
+"""The one interface the scheduler drives generation through (Batch).
 
 A batch holds the running streams of one model: it admits a request (its first token may
 come back at once), runs one step for all of them, takes some out (with their KV cache when
 it is whole) and keeps finished caches for later prompts. What it can do beyond that is
 said by its Capabilities, never asked of the model's kind by the scheduler. The text batch
 (text_batch.py) and the vision batch (vision_batch.py) implement it; speculation
-(spec_batch.py) and lockstep's journal (lockstep/recording.py) wrap one and implement it too.
-Engine thread only.
+(speculation/spec_batch.py) and lockstep's journal (lockstep/recording.py) wrap one and
+implement it too; engine/batch_factory.py picks one for a model. Engine thread only.
 """
 
 from dataclasses import dataclass
@@ -67,24 +67,3 @@ class Failed:
     error: Exception
     token: int = -1
     finish_reason: Optional[str] = None
-
-
-def open_batch(lm, config, stream, mx, disk_bytes: int, speculate: bool) -> Batch:
-    """The batch that generates for `lm` (text, or text with image prefill), wrapped by
-    speculation when the model and the batch allow it and `speculate` (not in lockstep)."""
-    if lm.serves.media:  # the same batch, with image prefill
-        from engine.vision_batch import VisionBatch as Kind
-    else:
-        from engine.text_batch import TextBatch as Kind
-    batch = Kind(
-        lm, max_sequences=config.max_sequences, prefill_batch_size=config.prefill_batch_size,
-        # Measured on a 2-core CPU: 66-87 tok/s prefill whatever the chunk from 64 to
-        # 512 tokens, so a small chunk costs little and bounds the stall of running streams.
-        prefill_step_size=config.prefill_step_size or (128 if mx.default_device() == mx.cpu else 512),
-        prompt_cache_bytes=config.prompt_cache_bytes, prompt_cache_entries=config.prompt_cache_entries,
-        prompt_cache_disk_bytes=disk_bytes, stream=stream)
-    if speculate and batch.capabilities.speculate:
-        from engine.spec_batch import SpeculatingBatch
-
-        return SpeculatingBatch(batch, lm, stream)
-    return batch
