@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, Iterator, List, Tuple
+from typing import Callable, ContextManager, Dict, Iterator, List, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -73,20 +73,45 @@ def ours(model: str, log_path: str, report: Dict) -> Iterator[Send]:
 
 
 @contextlib.contextmanager
-def peer(p: peer_servers.Peer, python: str, model: str, log_path: str, report: Dict,
-         count: Callable[[str], int]) -> Iterator[Send]:
+def peer(p: peer_servers.Peer, python: str, model: str, log_path: str, count: Callable[[str], int],
+         report: Dict) -> Iterator[Send]:
     with peer_servers.running(p, python, model, log_path, report) as port:
         yield http_sender(port, model, count)
 
 
-def run_one(open_server, trace) -> Tuple[List[Record], float, float]:
+Opener = Callable[[Dict], ContextManager[Send]]  # (a dict for what the server reports) -> the server while it runs
+
+
+def run_one(open_server: Opener, trace, report: Dict) -> Tuple[List[Record], float, float]:
     """Start the server, send one warm-up request (first calls build kernels), replay the trace."""
-    with open_server() as send:
+    with open_server(report) as send:
         warm = Record(index=-1, kind="warm-up")
         send(WARM_UP, warm)
         if not warm.text:
-            raise RuntimeError("the warm-up request got no text back")
+            raise RuntimeError(f"the warm-up request got no text back ({warm.error or 'no error'})")
         return replay(trace, send)
+
+
+def one_load(load: str, trace, servers: Dict[str, Opener], labels: Dict[str, str]) -> Dict[str, Dict]:
+    """{server: its figures, what it reported and every request's timings}, one server after another;
+    a server that fails to start or to answer the warm-up is skipped with one line."""
+    out = {}
+    for name, open_server in servers.items():
+        report, t0 = {}, time.monotonic()
+        try:
+            records, start, end = run_one(open_server, trace, report)
+        except Exception as e:
+            print(f"skipped {name} at load '{load}': {type(e).__name__}: {e}", file=sys.stderr)
+            continue
+        figures = peer_report.summarise(records, start, end)
+        log.info("%s, load %s: %d/%d requests in %.0f s (%.0f s with start and stop)", name, load,
+                 figures["completed"], figures["requests"], figures["wall_s"], time.monotonic() - t0)
+        out[name] = {"label": labels[name], "figures": figures, **report,
+                     "records": peer_report.timeline(records, start)}
+    ours_text = {r["index"]: r["text"] for r in out.get("ours", {}).get("records", [])}
+    for s in out.values():  # greedy on the same weights: how many answers are ours to the letter
+        s["same_text_as_ours"] = sum(ours_text.get(r["index"]) == r["text"] for r in s["records"])
+    return out
 
 
 def install_peers(names: List[str], root: str, log_dir: str, install: bool) -> Dict[str, str]:
@@ -164,34 +189,22 @@ def main() -> None:
     loads = {"rate": trace, "once": peer_trace.all_at_once(trace)}
     labels = {"ours": f"ours ({our_commit()}, defaults)", **{p.name: p.label for p in peer_servers.PEERS}}
 
+    servers = {}
+    for name in names:
+        log_path = os.path.join(args.log_dir, f"bench-peers-{name}.log")
+        servers[name] = (functools.partial(ours, model, log_path) if name == "ours" else
+                         functools.partial(peer, peer_servers.BY_NAME[name], pythons[name], model, log_path, count))
+
     results = {"trace": dataclasses.asdict(spec), "model": model, "machine": platform.platform(),
                "requests": [dict(dataclasses.asdict(r), prompt_tokens=count(r.prompt)) for r in trace],
                "loads": {}}
     tables = []
     for load in args.loads.split(","):
-        rows, per_server = [], {}
-        for name in names:
-            report, log_path = {}, os.path.join(args.log_dir, f"bench-peers-{name}.log")
-            opener = (functools.partial(ours, model, log_path, report) if name == "ours" else
-                      functools.partial(peer, peer_servers.BY_NAME[name], pythons[name], model, log_path, report, count))
-            t0 = time.monotonic()
-            try:
-                records, start, end = run_one(opener, loads[load])
-            except Exception as e:
-                print(f"skipped {name} at load '{load}': {type(e).__name__}: {e}", file=sys.stderr)
-                continue
-            figures = peer_report.summarise(records, start, end)
-            log.info("%s, load %s: %d/%d requests in %.0f s (%.0f s with start and stop)", name, load,
-                     figures["completed"], figures["requests"], figures["wall_s"], time.monotonic() - t0)
-            rows.append({"server": labels[name], "figures": figures})
-            per_server[name] = {"label": labels[name], "figures": figures, **report,
-                                "records": [dataclasses.asdict(r) for r in records]}
-        ours_text = {r["index"]: r["text"] for r in per_server.get("ours", {}).get("records", [])}
-        for name, s in per_server.items():  # greedy everywhere: how many answers are ours to the letter
-            s["same_text_as_ours"] = sum(ours_text.get(r["index"]) == r["text"] for r in s["records"])
+        per_server = one_load(load, loads[load], servers, labels)
         results["loads"][load] = per_server
         title = (f"{spec.requests} requests arriving at {spec.rate}/s" if load == "rate" and spec.rate > 0
                  else f"{spec.requests} requests all at once")
+        rows = [{"server": s["label"], "figures": s["figures"]} for s in per_server.values()]
         tables.append(f"### {title}\n\n{peer_report.table(rows)}")
     results["seconds"] = time.monotonic() - began
     with open(args.out, "w") as f:

@@ -5,6 +5,7 @@ tokens after the first. E2E: send -> end. Throughput: every output token of the 
 the trace's wall time (first arrival to last end).
 """
 
+from dataclasses import asdict
 from typing import Dict, List, Optional, Sequence
 
 from peer_replay import Record
@@ -44,6 +45,14 @@ def summarise(records: Sequence[Record], start: float, end: float) -> Dict:
             p = percentile(values, q)
             out[f"{name}_p{q}"] = None if p is None else p * scale
     return out
+
+
+def timeline(records: Sequence[Record], start: float) -> List[Dict]:
+    """Every request as JSON, its times in seconds since the trace's start."""
+    def since(t: Optional[float]) -> Optional[float]:
+        return None if t is None else round(t - start, 4)
+
+    return [dict(asdict(r), sent=since(r.sent), first=since(r.first), end=since(r.end)) for r in records]
 
 
 def _cell(value: Optional[float], unit: str, best: bool) -> str:
