@@ -48,7 +48,7 @@ WARM_UP = peer_trace.TraceRequest(index=-1, arrival_s=0.0, kind="warm-up", promp
 
 
 def our_commit() -> str:
-    out = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    out = subprocess.run(["git", "-C", REPO, "describe", "--always", "--dirty"], capture_output=True, text=True)
     return out.stdout.strip() or "unknown"
 
 
@@ -197,7 +197,8 @@ def main() -> None:
 
     results = {"trace": dataclasses.asdict(spec), "model": model, "machine": platform.platform(),
                "requests": [dict(dataclasses.asdict(r), prompt_tokens=count(r.prompt)) for r in trace],
-               "loads": {}}
+               "versions": {name: peer_venvs.versions(python)
+                            for name, python in {"ours": sys.executable, **pythons}.items()}, "loads": {}}
     tables = []
     for load in args.loads.split(","):
         per_server = one_load(load, loads[load], servers, labels)

@@ -14,7 +14,7 @@ from typing import Callable, List, Optional, Sequence
 class TraceRequest:
     index: int
     arrival_s: float  # after the trace's start
-    kind: str  # "chat" or "document"
+    kind: str  # "chat" or "document" (the bench's warm-up request: "warm-up")
     prompt: str  # the user message
     max_tokens: int
     temperature: float  # 0: greedy

@@ -5,6 +5,7 @@ of pins (or a half-finished install) installs again. pip keeps its download cach
 second install of the same pins downloads nothing.
 """
 
+import json
 import logging
 import os
 import shutil
@@ -56,13 +57,29 @@ def ensure(venv: str, packages: Sequence[str], log_path: str) -> Optional[str]:
     with open(log_path, "ab") as out:
         # The venv's base is the interpreter running the bench (its own Python, not a system one).
         base = getattr(sys, "_base_executable", sys.executable)
-        steps = [[base, "-m", "venv", venv],
-                 [python_of(venv), "-m", "pip", "install", "--upgrade", "pip"],
-                 [python_of(venv), "-m", "pip", "install", *packages]]
-        for cmd in steps:
+        for cmd in ([base, "-m", "venv", venv], [python_of(venv), "-m", "pip", "install", *packages]):
             if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
                 return None
     with open(os.path.join(venv, MARKER), "w") as f:
         f.write("\n".join(packages) + "\n")
     log.info("installed %s: %.1f GB on disk", venv, folder_size(venv) / 1e9)
     return python_of(venv)
+
+
+VERSIONS_OF = ("mlx", "mlx-cpu", "mlx-lm", "mlx-vlm", "transformers", "torch", "vllm-mlx", "rapid-mlx")
+_VERSIONS = """
+import importlib.metadata as m, json, sys
+found = {}
+for name in sys.argv[1:]:
+    try:
+        found[name] = m.version(name)
+    except m.PackageNotFoundError:
+        pass
+print(json.dumps(found))
+"""
+
+
+def versions(python: str) -> dict:
+    """What pip resolved in a venv, for the record (the pins leave mlx-lm and torch to pip)."""
+    out = subprocess.run([python, "-c", _VERSIONS, *VERSIONS_OF], capture_output=True, text=True)
+    return json.loads(out.stdout) if out.returncode == 0 else {}
