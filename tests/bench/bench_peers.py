@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,19 +56,18 @@ def ours(model: str, log_path: str, report: Dict) -> Iterator[Send]:
     """Our server with its defaults, on a prefix-cache folder of its own for the one run."""
     from common.launcher import Backend, backend_pb2 as pb
 
-    folder = tempfile.mkdtemp(prefix="bench-peers-prompt-cache-")
-    b = Backend(log_path=log_path, env={"MLX_BACKEND_PROMPT_CACHE_DIR": folder})
-    try:
-        b.wait_healthy(peer_servers.START_TIMEOUT_S)  # the same patience as for the peers
-        loaded = b.load(model)
-        if not loaded.success:
-            raise RuntimeError(f"LoadModel failed: {loaded.message}")
-        report["openblas"] = peer_servers.uses_openblas(b.proc.pid)
-        report["served_as"] = served_as(log_path)
-        yield grpc_sender(b.stub, pb, model)
-    finally:
-        b.stop()
-        shutil.rmtree(folder, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="bench-peers-prompt-cache-") as folder:
+        b = Backend(log_path=log_path, env={"MLX_BACKEND_PROMPT_CACHE_DIR": folder})
+        try:
+            b.wait_healthy(peer_servers.START_TIMEOUT_S)  # the same patience as for the peers
+            loaded = b.load(model)
+            if not loaded.success:
+                raise RuntimeError(f"LoadModel failed: {loaded.message}")
+            report["openblas"] = peer_servers.uses_openblas(b.proc.pid)
+            report["served_as"] = served_as(log_path)
+            yield grpc_sender(b.stub, pb, model)
+        finally:
+            b.stop()
 
 
 @contextlib.contextmanager
