@@ -3,7 +3,7 @@ PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 ADDR ?= 127.0.0.1:50051
 
-.PHONY: install install-test protogen serve serve-distributed demo smoke unit e2e test bench bench-adapt bench-vision bench-spec bench-distributed bench-embed soak localai-backend clean
+.PHONY: install install-test protogen serve serve-distributed demo smoke unit e2e test bench bench-adapt bench-vision bench-spec bench-distributed bench-embed bench-peers soak localai-backend clean
 
 install:
 	./install.sh
@@ -54,6 +54,10 @@ bench-spec: install-test
 	$(PY) tests/bench/bench_spec.py
 bench-distributed: install-test
 	$(PY) tests/bench/bench_distributed.py $(BENCH_ARGS)
+# Ours against mlx_lm.server, vllm-mlx and rapid-mlx on a seeded chat trace; each peer installs into a
+# venv of its own outside the repo on first use (several GB). BENCH_ARGS=... sets the trace (see --help).
+bench-peers: install-test
+	$(PY) tests/bench/bench_peers.py $(BENCH_ARGS)
 
 soak: install-test
 	SOAK_REQUESTS=300 $(PYTEST) -q -s tests/e2e/test_soak.py
