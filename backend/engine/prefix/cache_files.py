@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import struct
+import sys
 import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -107,15 +108,17 @@ def fingerprint(lm) -> str:
 
 def _class_tag(layer) -> Optional[str]:
     """How a cache class is named in the file (None: a class this format does not know)."""
-    from engine.kv import kv_rows
-    from loaders.vision_model import MediaState
-
+    # Our classes' modules are looked up, not imported: one not imported yet made no layer,
+    # and an import here (seconds for mlx-vlm's, on a loaded machine) held the shutdown's
+    # last writes past the engine's stop time: the warm entries never reached the disk.
+    kv_rows = sys.modules.get("engine.kv.kv_rows")
+    vision = sys.modules.get("loaders.vision_model")
     cls = type(layer)
-    if cls is MediaState:
+    if vision is not None and cls is vision.MediaState:
         return "ours:MediaState"
-    if isinstance(layer, kv_rows.CastRow):
+    if kv_rows is not None and isinstance(layer, kv_rows.CastRow):
         return f"cast:{str(cls.dtype).rsplit('.', 1)[-1]}"
-    if cls is kv_rows.QuantizedRow:
+    if kv_rows is not None and cls is kv_rows.QuantizedRow:
         return "ours:QuantizedRow"
     if getattr(lm_cache, cls.__name__, None) is cls:
         return f"mlx_lm:{cls.__name__}"
