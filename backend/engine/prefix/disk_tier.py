@@ -65,6 +65,13 @@ def default_disk_bytes(root: Path) -> int:
     return min(DEFAULT_DISK_BYTES, free // 4)
 
 
+def _free_bytes(folder: Path) -> str:
+    try:
+        return str(shutil.disk_usage(folder).free)
+    except OSError:
+        return "unknown"
+
+
 # ---- the writer thread -------------------------------------------------------
 
 
@@ -93,6 +100,7 @@ class Writer:
         self.disk_bytes = 0  # the whole folder, as of the last budget pass
         self.disk_files = 0
         self.writes = 0
+        self.failed_in_a_row = 0
         self._thread = threading.Thread(target=self._run, name="prompt-cache-writer", daemon=True)
         self._thread.start()
         self.put(("budget",))
@@ -124,19 +132,29 @@ class Writer:
             job, nbytes = self._jobs.get()
             try:
                 if job[0] == "write":
-                    _, tier, name, arrays, metadata = job
-                    metadata = seal(metadata, arrays)  # hashed here, off the engine thread
-                    size = write_atomically(tier.folder, name, arrays, metadata)
-                    tier.written(name, metadata, size)
-                    self.writes += 1
+                    self._write(*job[1:])
                 self._keep_budget()
             except Exception:
-                log.exception("prompt cache: a disk write failed")
+                log.exception("prompt cache: keeping the folder within its budget failed")
             finally:
                 with self._idle:
                     self._pending -= 1
                     self.queued_bytes -= nbytes
                     self._idle.notify_all()
+
+    def _write(self, tier: "DiskTier", name: str, arrays, metadata) -> None:
+        try:
+            metadata = seal(metadata, arrays)  # hashed here, off the engine thread
+            size = write_atomically(tier.folder, name, arrays, metadata)
+        except Exception as e:  # a full or read-only disk: this entry stays in memory only
+            self.failed_in_a_row += 1
+            if self.failed_in_a_row & (self.failed_in_a_row - 1) == 0:  # 1, 2, 4, ...: a full disk does not flood the log
+                log.warning("prompt cache: a disk write to %s failed (%s: %s; %s bytes free there; %d in a row)",
+                            tier.folder, type(e).__name__, e, _free_bytes(tier.folder), self.failed_in_a_row)
+            return
+        self.failed_in_a_row = 0
+        tier.written(name, metadata, size)
+        self.writes += 1
 
     def _keep_budget(self) -> None:
         """Remove least recently used files until the folder is within the budget."""
