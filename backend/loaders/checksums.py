@@ -3,8 +3,8 @@
 A file read back from a cache (a prefix-cache entry, a converted GGUF model) carries the
 checksum of what was written, and is verified before any of it reaches the model: a disk
 that flips bits must never turn into other text or another model. The hash is XXH3-128
-(the `xxhash` package, already installed with mlx-vlm): measured here 4.5-6.4 GB/s on
-one core, against 0.5-0.75 GB/s for SHA-256, 0.25-0.33 for BLAKE2b and 1.0-1.1 for
+(the `xxhash` package, already installed with mlx-vlm): measured here 2.8-5.8 GB/s on
+one core, against 0.44-0.75 GB/s for SHA-256, 0.20-0.33 for BLAKE2b and 0.87-1.1 for
 CRC-32 (zlib), and it releases the GIL on large buffers as hashlib does. What it guards
 against is damage, not an attacker: the files sit in folders only this user can open
 (private_files.py), and whoever can write there runs as this user anyway. 128 bits make

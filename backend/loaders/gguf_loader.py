@@ -40,8 +40,8 @@ def default_cache_dir() -> Path:
 # entry without a matching record is torn (a crash, a full disk) or stale (the
 # source changed, or an earlier version wrote it without checksums) and is rebuilt;
 # one whose files are not what the record says is damaged: counted, logged, rebuilt.
-# Every load verifies the whole entry before mlx-lm reads it (the checksums are
-# XXH3: ~20 ms a 100 MB entry from the page cache, a small part of the load).
+# Every load verifies the whole entry before mlx-lm reads it (XXH3, hashed as it is
+# read: 10-45 ms more per 100 MB here, docs/prefix-cache.md; a small part of a load).
 # Conversions run in `.partial-<key>-<host>-<pid>-<random>` folders, are fsynced,
 # then renamed into place under a per-key file lock, so two processes never convert
 # the same file at once: the waiter reuses the result.

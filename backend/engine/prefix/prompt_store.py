@@ -154,6 +154,8 @@ def make_store(lm, max_size: int, max_bytes: int, disk_bytes: int) -> PromptStor
         try:
             private_dir(root)
             disk = DiskTier(root, fingerprint(lm), disk_bytes)
+            # The folder's name is a hash: this line is how an operator finds one model's files.
+            log.info("prompt cache: the files of %s are in %s", lm.source, disk.folder)
         except OSError as e:
             where = f"{e.filename}: {e.strerror}" if e.filename and e.strerror else f"{root}: {e}"
             hint = (" (it holds users' prompts: chown or remove it, or set MLX_BACKEND_PROMPT_CACHE_DIR)"
