@@ -58,6 +58,7 @@ MODELS = ("as-file", "foreign", "full", "shared")  # one folder each: the tiny l
 GGUF_PROMPT = "ab a ab."
 NOBODY = 65534
 ONE_ENTRY = ["prompt_cache_entries:1"]  # each prompt evicts the one before: written at once
+START_S = 300.0  # three servers start at once, beside the oracle: a liveness bound, not a speed
 
 
 def second(case: str) -> str:
@@ -114,7 +115,39 @@ def _modes(*tops: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def first(folders, log_dir, oracle):  # (the oracle computes meanwhile)
+def full_disk(folders):
+    """A 1 MiB tmpfs, filled to the last byte (None where mounting is not allowed)."""
+    mount = folders.base / "full-disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mount)],
+                      capture_output=True).returncode != 0:
+        yield None
+        return
+    try:
+        fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:  # full
+            pass
+        finally:
+            os.close(fd)
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def later(folders, log_dir, full_disk):  # (stopped before the full disk is unmounted)
+    """The second server and a third sharing its folders, started now (they touch no cache
+    folder before a load): their start-up overlaps the first server's work."""
+    servers = [Backend(env=folders.env, log_path=str(log_dir / f"cache-faults-{n}.log")) for n in ("second", "third")]
+    yield servers
+    assert [s.stop() for s in servers] == [0, 0]
+
+
+@pytest.fixture(scope="module")
+def first(folders, log_dir, oracle, later):  # (the oracle computes meanwhile, the later servers start)
     """The first server's work, as a record: texts, figures, folders, and the modes it left."""
     log = log_dir / "cache-faults-first.log"
     old = os.umask(0)  # inherited by the server: the modes must not come from the umask
@@ -124,7 +157,7 @@ def first(folders, log_dir, oracle):  # (the oracle computes meanwhile)
         os.umask(old)
     out = SimpleNamespace(log=log, folder={})
     try:
-        backend.wait_healthy()
+        backend.wait_healthy(START_S)
         gguf = write_tiny_gguf(str(folders.base / "tiny.gguf"))
         _load(backend, gguf)
         out.gguf_clean = _text(_predict(backend, GGUF_PROMPT, "gguf-clean", tokens=8))
@@ -200,30 +233,7 @@ DAMAGE = {"payload": _flip_payload, "header": _flip_header, "truncated": _trunca
 
 
 @pytest.fixture(scope="module")
-def full_disk(folders):
-    """A 1 MiB tmpfs, filled to the last byte (None where mounting is not allowed)."""
-    mount = folders.base / "full-disk"
-    mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mount)],
-                      capture_output=True).returncode != 0:
-        yield None
-        return
-    try:
-        fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            while os.write(fd, b"\0" * 4096):
-                pass
-        except OSError:  # full
-            pass
-        finally:
-            os.close(fd)
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
-
-
-@pytest.fixture(scope="module")
-def damaged(first, folders, full_disk, log_dir):
+def damaged(first, later, folders, full_disk, log_dir):
     """The second server (and a third sharing its folders), on the first one's folders after
     the damage; Health OK and a clean exit checked when they stop."""
     assert first.exit == 0
@@ -244,18 +254,14 @@ def damaged(first, folders, full_disk, log_dir):
         shutil.rmtree(full)
         (full_disk / "folder").mkdir()
         full.symlink_to(full_disk / "folder")  # the model's files on the full disk
-    servers = [Backend(env=folders.env, log_path=str(log_dir / f"cache-faults-{n}.log")) for n in ("second", "third")]
-    try:
-        for s in servers:
-            s.wait_healthy()
-        yield SimpleNamespace(backend=servers[0], other=servers[1], log=log_dir / "cache-faults-second.log",
-                              other_log=log_dir / "cache-faults-third.log", paths=paths, as_file=as_file,
-                              foreign=foreign, full=full_disk and full_disk / "folder",
-                              shared=folders.prompts / first.folder["shared"], models=folders.models)
-        for s in servers:
-            assert s.stub.Health(backend_pb2.HealthMessage(), timeout=30).message == b"OK"
-    finally:
-        assert [s.stop() for s in servers] == [0, 0]
+    for s in later:
+        s.wait_healthy(START_S)
+    yield SimpleNamespace(backend=later[0], other=later[1], log=log_dir / "cache-faults-second.log",
+                          other_log=log_dir / "cache-faults-third.log", paths=paths, as_file=as_file,
+                          foreign=foreign, full=full_disk and full_disk / "folder",
+                          shared=folders.prompts / first.folder["shared"], models=folders.models)
+    for s in later:
+        assert s.stub.Health(backend_pb2.HealthMessage(), timeout=30).message == b"OK"
 
 
 def test_every_path_the_backend_made_is_this_users_alone(first, folders):
