@@ -20,6 +20,7 @@ from mlx_lm.models.cache import LRUPromptCache, PromptTrie
 
 from engine.prefix.cache_files import fingerprint
 from engine.prefix.disk_tier import DiskTier, folder_root
+from loaders.private_files import NotPrivate, private_dir
 
 log = logging.getLogger("mlx-backend.prompt-store")
 
@@ -145,14 +146,20 @@ DISK_KINDS = ("text", "vision")
 
 
 def make_store(lm, max_size: int, max_bytes: int, disk_bytes: int) -> PromptStore:
-    """The prefix cache of `lm`: a disk tier when `disk_bytes` > 0 and the folder can be made."""
+    """The prefix cache of `lm`: a disk tier when `disk_bytes` > 0 and its folders can be made
+    this user's alone (loaders/private_files.py); else memory only, and one log line why."""
     disk = None
     if disk_bytes > 0 and getattr(lm, "kind", "text") in DISK_KINDS:
         root = folder_root()
         try:
-            root.mkdir(parents=True, exist_ok=True)
+            private_dir(root)
             disk = DiskTier(root, fingerprint(lm), disk_bytes)
+            # The folder's name is a hash: this line is how an operator finds one model's files.
+            log.info("prompt cache: the files of %s are in %s", lm.source, disk.folder)
         except OSError as e:
-            log.warning("prompt cache: no disk tier (%s: %s)", root, e)
+            where = f"{e.filename}: {e.strerror}" if e.filename and e.strerror else f"{root}: {e}"
+            hint = (" (it holds users' prompts: chown or remove it, or set MLX_BACKEND_PROMPT_CACHE_DIR)"
+                    if isinstance(e, NotPrivate) else "")
+            log.warning("prompt cache: the disk tier is off: %s%s", where, hint)
     return PromptStore(max_size=max_size, max_bytes=max_bytes, disk=disk)
 
