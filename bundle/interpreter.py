@@ -116,6 +116,7 @@ def python_env() -> dict:
     """The environment for the bundled interpreter: none of the host's Python settings."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "PYTHONPATH", "VIRTUAL_ENV")}
     env["PYTHONNOUSERSITE"] = "1"
+    env["PIP_ROOT_USER_ACTION"] = "ignore"  # a build as root installs into its own tree, not the system's
     return env
 
 
