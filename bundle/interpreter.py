@@ -68,10 +68,11 @@ def from_host(dest: Path) -> Path:
         libdir = Path(sysconfig.get_config_var("LIBDIR"))
         soname = sysconfig.get_config_var("INSTSONAME") or sysconfig.get_config_var("LDLIBRARY")
         shutil.copy2(libdir / soname, dest / "lib" / soname)
-    # Not the host's own packages: only what this build installs will be there.
+    # Not the host's own packages: only what this build installs will be there. A distribution's
+    # EXTERNALLY-MANAGED marker speaks for the host's Python, not for this copy of it.
     keep_ensurepip = [n for n in PRUNED_NAMES if n != "ensurepip"]
     shutil.copytree(prefix / "lib" / version, dest / "lib" / version, symlinks=True,
-                    ignore=shutil.ignore_patterns("site-packages", *keep_ensurepip))
+                    ignore=shutil.ignore_patterns("site-packages", "EXTERNALLY-MANAGED", *keep_ensurepip))
     (dest / "lib" / version / "site-packages").mkdir()
     point_at_bundled_libs(dest, str(prefix))
     return dest
@@ -124,8 +125,11 @@ def bootstrap_pip(python: Path) -> None:
     """pip from the standard library's own wheel (ensurepip: no download)."""
     probe = subprocess.run([str(python), "-m", "pip", "--version"], capture_output=True, env=python_env())
     if probe.returncode != 0:
-        subprocess.run([str(python), "-m", "ensurepip", "--default-pip"], check=True,
-                       stdout=subprocess.DEVNULL, env=python_env())
+        # Quiet unless it fails: ensurepip drops the PIP_* settings, so pip's root warning comes back.
+        done = subprocess.run([str(python), "-m", "ensurepip", "--default-pip"], capture_output=True, text=True,
+                              env=python_env())
+        if done.returncode != 0:
+            raise SystemExit(f"ensurepip failed in the bundled interpreter:\n{done.stdout}{done.stderr}")
 
 
 def lay_out(dest: Path, dist_archive: str = "") -> Path:

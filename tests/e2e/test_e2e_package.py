@@ -115,6 +115,16 @@ def relocation_problems(folder: Path, build_path: str) -> list:
     return found
 
 
+def listing(folder: Path) -> set:
+    """Every entry as (path, mode, size or link text): what an unpacker must reproduce."""
+    found = set()
+    for path in folder.rglob("*"):
+        st = path.lstat()
+        content = os.readlink(path) if path.is_symlink() else (st.st_size if path.is_file() else None)
+        found.add((path.relative_to(folder).as_posix(), st.st_mode, content))
+    return found
+
+
 def mapped_files(pid: int) -> set:
     with open(f"/proc/{pid}/maps") as f:
         return {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6}
@@ -150,7 +160,7 @@ def test_tar_installs_and_runs_as_localai_runs_it(package, moved_away, tmp_path,
     root = tmp_path / "local ai"
     folder = install_like_localai(root / "backends", tree.name, lambda dest: unpack_docker_archive(tar, dest))
     assert not relocation_problems(folder, str(tree.parent))
-    assert sorted(os.listdir(folder)) == sorted(os.listdir(moved_away) + ["metadata.json"])
+    assert {e for e in listing(folder) if e[0] != "metadata.json"} == listing(moved_away)
     serve_installed(folder, root, log_dir / "package-tar.log")
 
 

@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.join(REPO, "bundle"))
 import docker_archive  # noqa: E402
 import elf  # noqa: E402
 import gallery  # noqa: E402
+import precompile  # noqa: E402
 import relocate  # noqa: E402
 
 
@@ -149,3 +150,16 @@ def test_the_archive_is_one_image_whose_layer_is_the_folder(tmp_path):
     assert sorted(members) == ["a dir", "a dir/data", "a dir/link", "run.sh"]
     assert members["run.sh"].mode & 0o777 == 0o755 and members["a dir/link"].linkname == "../run.sh"
     assert all(m.uid == 0 and m.gid == 0 and not m.uname for m in members.values())
+
+
+# ---- byte-code for what the server imports ------------------------------------------
+
+
+def test_every_absolute_import_is_warmed_with_the_names_it_takes(tmp_path):
+    (tmp_path / "a.py").write_text("import os, json as j\nfrom transformers import AutoTokenizer\n"
+                                   "def f():\n    from mlx_vlm.utils import load, prepare_inputs\n"
+                                   "    from . import sibling\n    from transformers import *\n")
+    (tmp_path / "b.py").write_text("import mlx_vlm.utils\nfrom transformers import PreTrainedTokenizerFast\n")
+    assert precompile.imports_of([tmp_path / "a.py", tmp_path / "b.py"]) == [
+        ("json", []), ("mlx_vlm.utils", ["load", "prepare_inputs"]), ("os", []),
+        ("transformers", ["AutoTokenizer", "PreTrainedTokenizerFast"])]
