@@ -48,11 +48,21 @@ def moved_away(package):
         os.replace(away, tree)
 
 
-def _sha256(fileobj) -> str:
-    digest = hashlib.sha256()
-    while chunk := fileobj.read(1 << 20):
-        digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
+class HashedReader:
+    """Reads through to `raw`, hashing what passes: the layer is read once, for both checks."""
+
+    def __init__(self, raw):
+        self.raw, self.digest = raw, hashlib.sha256()
+
+    def read(self, size=-1) -> bytes:
+        data = self.raw.read(size)
+        self.digest.update(data)
+        return data
+
+    def sha256(self) -> str:
+        while self.read(1 << 20):  # what the extraction left unread (the tar's end padding)
+            pass
+        return "sha256:" + self.digest.hexdigest()
 
 
 def _no_owner(member, dest):
@@ -69,11 +79,13 @@ def unpack_docker_archive(tar_path: Path, dest: Path) -> None:
         manifest = json.load(outer.extractfile(entries["manifest.json"]))
         assert len(manifest) == 1, "LocalAI reads an archive of exactly one image"
         config = json.load(outer.extractfile(entries[manifest[0]["Config"]]))
-        layers = manifest[0]["Layers"]
-        assert config["rootfs"]["diff_ids"] == [_sha256(outer.extractfile(entries[n])) for n in layers]
-        for name in layers:
-            with tarfile.open(fileobj=outer.extractfile(entries[name]), mode="r|") as layer:
+        diff_ids = []
+        for name in manifest[0]["Layers"]:
+            stream = HashedReader(outer.extractfile(entries[name]))
+            with tarfile.open(fileobj=stream, mode="r|") as layer:
                 layer.extractall(dest, filter=_no_owner)
+            diff_ids.append(stream.sha256())
+        assert config["rootfs"]["diff_ids"] == diff_ids
 
 
 def install_like_localai(backends: Path, name: str, unpack) -> Path:
