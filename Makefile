@@ -64,13 +64,13 @@ localai-backend: install
 	$(PY) backend/localai_backend.py "$(DEST)" --name "$(NAME)" $(if $(ALIAS),--alias "$(ALIAS)")
 
 # The LocalAI artifact (docs/localai.md): dist/<name>/ and dist/<name>.tar with a Python of its
-# own, and dist/index.yaml, a backend gallery whose entries point at IMAGE:TAG-<platform>.
+# own, and dist/index.yaml, a backend gallery whose entries point at PACKAGE_IMAGE:PACKAGE_TAG-<platform>.
 # PYTHON_DIST=<python-build-standalone install_only .tar.gz> bundles that interpreter instead
 # of a copy of this machine's; PACKAGE_NAME overrides the platform's entry name (cpu-mx-backend).
-IMAGE ?= localhost:5000/mx-backend
-TAG ?= latest
+PACKAGE_IMAGE ?= localhost:5000/mx-backend
+PACKAGE_TAG ?= latest
 package: install
-	$(PY) bundle/build.py --image "$(IMAGE)" --version "$(TAG)" $(if $(PACKAGE_NAME),--name "$(PACKAGE_NAME)") \
+	$(PY) bundle/build.py --image "$(PACKAGE_IMAGE)" --version "$(PACKAGE_TAG)" $(if $(PACKAGE_NAME),--name "$(PACKAGE_NAME)") \
 		$(if $(PYTHON_DIST),--python-dist "$(PYTHON_DIST)") >/dev/null
 
 clean:

@@ -41,8 +41,8 @@ def image_uri(image: str, version: str, flavour: Flavour) -> str:
 def check_image(image: str) -> None:
     words = [w for w in PLATFORM_WORDS if w in image.lower()]
     if words:
-        raise SystemExit(f"IMAGE={image!r} contains {', '.join(map(repr, words))}: LocalAI would offer every "
-                         "entry of the index only on that platform; choose an image name without it")
+        raise SystemExit(f"the image {image!r} (PACKAGE_IMAGE) contains {', '.join(map(repr, words))}: LocalAI "
+                         "would offer every entry of the index only on that platform; choose a name without it")
 
 
 def index(image: str, version: str, flavours) -> list:
