@@ -3,7 +3,7 @@ PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 ADDR ?= 127.0.0.1:50051
 
-.PHONY: install install-test protogen serve serve-distributed demo smoke unit e2e test bench bench-adapt bench-vision bench-spec bench-distributed bench-embed bench-peers soak localai-backend clean
+.PHONY: install install-test protogen serve serve-distributed demo smoke unit e2e test bench bench-adapt bench-vision bench-spec bench-distributed bench-embed bench-peers soak localai-backend package clean
 
 install:
 	./install.sh
@@ -67,8 +67,18 @@ localai-backend: install
 	@test -n "$(DEST)" || { echo "usage: make localai-backend DEST=<LocalAI backends folder> [NAME=mlx] [ALIAS=...]" >&2; exit 2; }
 	$(PY) backend/localai_backend.py "$(DEST)" --name "$(NAME)" $(if $(ALIAS),--alias "$(ALIAS)")
 
+# The LocalAI artifact (docs/localai.md): dist/<name>/ and dist/<name>.tar with a Python of its
+# own, and dist/index.yaml, a backend gallery whose entries point at PACKAGE_IMAGE:PACKAGE_TAG-<platform>.
+# PYTHON_DIST=<python-build-standalone install_only .tar.gz> bundles that interpreter instead
+# of a copy of this machine's; PACKAGE_NAME overrides the platform's entry name (cpu-mx-backend).
+PACKAGE_IMAGE ?= localhost:5000/mx-backend
+PACKAGE_TAG ?= latest
+package: install
+	$(PY) bundle/build.py --image "$(PACKAGE_IMAGE)" --version "$(PACKAGE_TAG)" $(if $(PACKAGE_NAME),--name "$(PACKAGE_NAME)") \
+		$(if $(PYTHON_DIST),--python-dist "$(PYTHON_DIST)") >/dev/null
+
 clean:
-	rm -rf .venv backend/backend_pb2.py backend/backend_pb2_grpc.py .pytest_cache .hypothesis
+	rm -rf .venv dist backend/backend_pb2.py backend/backend_pb2_grpc.py .pytest_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 bench-embed: install-test
