@@ -25,7 +25,7 @@ import replies
 import rpc_gate
 from rpc_gate import gated
 from status_map import answered, answered_stream
-from engine import Engine, EngineConfig, EngineError
+from engine import Engine, EngineConfig, EngineError, lane_choice
 from engine.speculation import spec_config
 from loaders import adapt_options, media_bounds, model_loader
 
@@ -184,7 +184,8 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             except Exception as e:
                 log.exception("LoadModel failed")
                 return backend_pb2.Result(success=False, message=f"{type(e).__name__}: {e}")
-        log.info("LoadModel: serving %s (dtype %s, context %d)", lm.source, lm.dtype, lm.context_size)
+        log.info("LoadModel: serving %s (dtype %s, context %d, lane %s)", lm.source, lm.dtype, lm.context_size,
+                 lm.lane.name)
         # The host only logs the message: LocalAI's wording, the details are in our log.
         return backend_pb2.Result(success=True, message=LOADED_MESSAGE)
 
@@ -199,9 +200,27 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         lm = await loop.run_in_executor(
             self.loader, spec_config.attach, lm, plan.speculation, plan.spec, draft_model)
         lm.derived[limits.KEY] = plan.text_limits
+        if lm.serves.generate and not hasattr(self.engine, "load_model"):  # across ranks: the batch, unchecked
+            await loop.run_in_executor(self.loader, self._settle_lane, lm, plan)
+            trial = await loop.run_in_executor(self.loader, self._probes, lm, 2)
+            await asyncio.wrap_future(self.engine.trial(lm, plan.config, trial, plan.options.lane == "auto"))
         await asyncio.wrap_future(self.engine.swap(lm, plan.config))
         self.gate.limit = plan.options.max_concurrent_rpcs
         return lm
+
+    @staticmethod
+    def _settle_lane(lm, plan: LoadPlan) -> None:
+        """The model's lane: its caches and a check at load (loading thread; engine/lane_choice.py)."""
+        lane_choice.decide(lm, plan.config, lambda: BackendServicer._probes(lm), plan.options.lane)
+
+    @staticmethod
+    def _probes(lm, n: int = 0) -> list:
+        """Fresh probe requests (all, or the first `n`), each prepared as a client's (prepare/probe.py)."""
+        try:
+            requests = prepare.probe_requests(lm)
+        except (OptionError, EngineError) as e:  # e.g. a context too short for them: the model is refused
+            raise model_loader.ModelLoadError(f"the check at load cannot prepare its requests: {e}") from None
+        return requests[:n] if n else requests
 
     @answered
     async def Free(self, request, context):

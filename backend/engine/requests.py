@@ -82,6 +82,17 @@ class Swap:
 
 
 @dataclass
+class Trial:
+    """Run `model` (not yet served) through its lane with `requests` before it is swapped in
+    (lane_choice.trial); `done` gets the model, or the reason no lane serves it."""
+    model: Any
+    config: Any
+    requests: List[Any]
+    fallback: bool  # a lane that fails may give way to the solo lane
+    done: concurrent.futures.Future
+
+
+@dataclass
 class Stop:
     pass
 
