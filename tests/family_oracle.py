@@ -8,7 +8,7 @@ first step whose top-2 log-probability margin is under MARGIN (past it, any
 float reordering may pick the other token, so a comparison ends there);
 "score": per candidate, its log-probability after the prompt from one plain
 forward pass of the model over prompt + candidate}. Nothing of the backend is
-imported.
+imported; the process computes with the BLAS the server preloads (server_blas_env).
 """
 
 import json

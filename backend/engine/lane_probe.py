@@ -9,6 +9,7 @@ disk tier are off, so the run leaves nothing behind. The first two requests arri
 batch). Outcomes are read from the last events: each generated token with its top-2 margin.
 """
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
@@ -49,6 +50,9 @@ def run(lm, config, requests: List, stream, beat: Callable[[], None] = lambda: N
     `stream`; one Outcome per request. `beat` is called each pass (Health's pulse, on the engine thread)."""
     import mlx.core as mx
 
+    # The lane as configured (how many run, how many prefill together), but the probes are the
+    # check's own: no queue or KV budget bound of the model's options refuses them.
+    config = dataclasses.replace(config, max_waiting=max(config.max_waiting, len(requests)), kv_budget_bytes=0)
     outbox: list = []
     streams = Streams(outbox, {"tokens_generated": 0, "prompt_tokens_processed": 0, "tokens_per_second": 0.0},
                       _Quiet())

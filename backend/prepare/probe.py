@@ -15,7 +15,7 @@ from engine.lanes.sampling import SamplingParams
 
 from .text import build_request
 
-PROBE_TOKENS = 4
+PROBE_TOKENS = 3
 TEXTS = (
     "The quick brown fox jumps over the lazy dog, then runs back across the wide field to the old red barn.",
     "Hello there",
