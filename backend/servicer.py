@@ -9,6 +9,7 @@ loop never runs MLX or blocks; the engine thread does all model work.
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -69,6 +70,16 @@ def read_load(request, distributed: bool) -> LoadPlan:
     if speculation.mode == "draft" and distributed:
         raise OptionError("DraftModel: a draft model is not served across ranks")
     return LoadPlan(options, spec, config, text_limits, speculation)
+
+
+def _probes(lm) -> list:
+    """Fresh probe requests for `lm`, prepared as a client's (prepare/probe.py); none when they
+    cannot be (a context shorter than they are): the caches alone then choose the lane."""
+    try:
+        return prepare.probe_requests(lm)
+    except (OptionError, EngineError) as e:
+        log.warning("LoadModel: the lane is not checked: %s", e)
+        return []
 
 
 def _tag(label: str) -> str:
@@ -201,26 +212,19 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             self.loader, spec_config.attach, lm, plan.speculation, plan.spec, draft_model)
         lm.derived[limits.KEY] = plan.text_limits
         if lm.serves.generate and not hasattr(self.engine, "load_model"):  # across ranks: the batch, unchecked
-            await loop.run_in_executor(self.loader, self._settle_lane, lm, plan)
-            trial = await loop.run_in_executor(self.loader, self._probes, lm, 2)
-            await asyncio.wrap_future(self.engine.trial(lm, plan.config, trial, plan.options.lane == "auto"))
+            await self._choose_lane(lm, plan)
         await asyncio.wrap_future(self.engine.swap(lm, plan.config))
         self.gate.limit = plan.options.max_concurrent_rpcs
         return lm
 
-    @staticmethod
-    def _settle_lane(lm, plan: LoadPlan) -> None:
-        """The model's lane: its caches and a check at load (loading thread; engine/lane_choice.py)."""
-        lane_choice.decide(lm, plan.config, lambda: BackendServicer._probes(lm), plan.options.lane)
-
-    @staticmethod
-    def _probes(lm, n: int = 0) -> list:
-        """Fresh probe requests (all, or the first `n`), each prepared as a client's (prepare/probe.py)."""
-        try:
-            requests = prepare.probe_requests(lm)
-        except (OptionError, EngineError) as e:  # e.g. a context too short for them: the model is refused
-            raise model_loader.ModelLoadError(f"the check at load cannot prepare its requests: {e}") from None
-        return requests[:n] if n else requests
+    async def _choose_lane(self, lm, plan: LoadPlan) -> None:
+        """The model's lane (engine/lane_choice.py): its caches and a check on the loading thread,
+        then one request through the lane on the engine thread; ModelLoadError when none serves it."""
+        loop = asyncio.get_running_loop()
+        probes = functools.partial(_probes, lm)
+        await loop.run_in_executor(self.loader, lane_choice.decide, lm, plan.config, probes, plan.options.lane)
+        trial = await loop.run_in_executor(self.loader, probes)  # the first, and a spare for the solo lane
+        await asyncio.wrap_future(self.engine.trial(lm, plan.config, trial[:2], plan.options.lane == "auto"))
 
     @answered
     async def Free(self, request, context):

@@ -21,19 +21,21 @@ reference the batch is checked against. Decided from what the model does, never 
 The solo lane failing a request means the library's own step cannot generate with the model
 here: refused at LoadModel with that reason. The load option `lane` (batch or solo) skips
 the check; only the trial runs. Cost at load: 6 to 9 short generations of a few tokens
-(prepare/probe.py) on the loading thread, one on the engine thread.
+(prepare/probe.py) on the loading thread, once per model on a machine (lane_verdicts.py keeps
+the verdict), and one on the engine thread at every load.
 """
 
 import logging
 from typing import Callable, List, Optional
 
-from engine import lane_probe
+from engine import lane_probe, lane_verdicts
 from loaders import cache_kinds
 from loaders.loaded import Lane, ModelLoadError, materialize
 
 log = logging.getLogger("mlx-backend.engine")
 
 MARGIN = 1e-3  # a step whose top-2 log-probabilities are closer than this ends a comparison
+UNCHECKED = "not checked: no probe request fits this model"
 _NAMES = "ABCDEFGH"
 
 
@@ -58,7 +60,13 @@ def decide(lm, config, probes: Callable[[], List], forced: str = "auto") -> None
                                  f"into mlx-lm's batch (leave lane unset for the solo lane)")
         lm.lane = Lane(reason="load option lane:batch")
     else:
-        lm.lane = _checked(lm, config, probes, unmergeable)
+        kept = lane_verdicts.read(lm, config)
+        if kept is not None:
+            lm.lane = Lane(kept.solo, kept.prefill_alone, f"{kept.reason}; found by the check at an earlier load")
+        else:
+            lm.lane = _checked(lm, config, probes, unmergeable)
+            if lm.lane.reason != UNCHECKED:
+                lane_verdicts.write(lm, config, lm.lane)
     log.info("lane: %s (%s; caches: %s)", lm.lane.name, lm.lane.reason, ", ".join(cache_kinds.of(lm.model)))
 
 
@@ -69,12 +77,15 @@ def _checked(lm, config, probes: Callable[[], List], unmergeable: Optional[str])
         return Lane(solo=True, reason=f"its {unmergeable} cache cannot be merged into mlx-lm's batch")
     stream = mx.default_stream(mx.default_device())
 
-    def outcomes(lane: Lane) -> List[lane_probe.Outcome]:
+    def outcomes(lane: Lane, requests: Optional[List] = None) -> List[lane_probe.Outcome]:
         lm.lane = lane
-        return lane_probe.run(lm, config, probes(), stream)
+        return lane_probe.run(lm, config, requests or probes(), stream)
 
+    first = probes()
+    if not first:  # none could be prepared for this model (a context shorter than they are)
+        return Lane(reason=UNCHECKED)
     try:
-        reference = outcomes(Lane(solo=True))
+        reference = outcomes(Lane(solo=True), first)
         failed = next((o.error for o in reference if o.error), None)
         if failed:
             raise ModelLoadError(f"the library's own generation step fails with this model here: {failed}")
@@ -110,7 +121,9 @@ def differs(reference: List[lane_probe.Outcome], got: List[lane_probe.Outcome]) 
 def trial(lm, config, requests: List, stream, beat: Callable[[], None], fallback: bool) -> None:
     """One request through lm's lane on the engine thread, as requests will run. A batch that
     fails it gives way to the solo lane (with `fallback`: the lane was not fixed by an option),
-    tried with the next request; ModelLoadError when no lane serves it."""
+    tried with the next request and kept as the verdict; ModelLoadError when no lane serves it."""
+    if not requests:
+        return
     got = lane_probe.run(lm, config, requests[:1], stream, beat)[0]
     if got.error is None:
         return
@@ -122,4 +135,5 @@ def trial(lm, config, requests: List, stream, beat: Callable[[], None], fallback
     got = lane_probe.run(lm, config, requests[1:2], stream, beat)[0]
     if got.error is not None:
         raise ModelLoadError(f"requests fail in the batch ({batch_error}) and in the solo lane ({got.error})")
+    lane_verdicts.write(lm, config, lm.lane)
     log.info("lane: solo (%s)", lm.lane.reason)

@@ -70,8 +70,10 @@ def vision_oracle():
 
 
 @pytest.fixture(scope="module")
-def backend(log_dir, oracle, vision_oracle):
-    started = serving(log_dir / "solo.log", build("gemma2"))
+def backend(log_dir, oracle, vision_oracle, tmp_path_factory):
+    # A cache folder of its own: no verdict of an earlier run (engine/lane_verdicts.py) spares a check.
+    env = {"MLX_BACKEND_CACHE_DIR": str(tmp_path_factory.mktemp("solo-cache"))}
+    started = serving(log_dir / "solo.log", build("gemma2"), env=env)
     server = next(started)
     server.serving = (build("gemma2"), (), ())  # what serve() compares
     yield server

@@ -99,3 +99,21 @@ def test_an_open_ended_request_in_a_lane_of_one_place_gets_the_whole_budget():
 
     assert shortened(4) == 1000 // 4 // 10 - 10
     assert shortened(1) == 1000 // 10 - 10
+
+
+def test_a_verdict_is_kept_per_model_and_batch_settings(tmp_path, monkeypatch):
+    from engine import lane_verdicts
+    from loaders.loaded import LoadedModel
+
+    monkeypatch.setenv("MLX_BACKEND_CACHE_DIR", str(tmp_path))
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    lm = LoadedModel(name="m", source=str(tmp_path / "model"), model=None, tokenizer=None, config={},
+                     context_size=64, dtype="float32", options={}, load_seconds=0.0)
+    config = EngineConfig()
+    assert lane_verdicts.read(lm, config) is None
+    lane_verdicts.write(lm, config, Lane(prefill_alone=True, reason="why"))
+    assert lane_verdicts.read(lm, config) == Lane(prefill_alone=True, reason="why")
+    assert lane_verdicts.read(lm, EngineConfig(max_sequences=2)) is None  # another batch: checked again
+    (tmp_path / "model" / "config.json").write_text('{"changed": 1}')  # another model file: again
+    assert lane_verdicts.read(lm, config) is None
