@@ -179,6 +179,7 @@ _RAISED = {  # an INTERNAL error: this prefix, then the exception (its pipeline,
     "admission": "request setup failed",
     "sampling": "request failed while sampling",
     "forward": "forward pass failed",
+    "generation step": "the library's generation step failed",
 }
 
 

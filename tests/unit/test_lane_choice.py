@@ -117,3 +117,42 @@ def test_a_verdict_is_kept_per_model_and_batch_settings(tmp_path, monkeypatch):
     assert lane_verdicts.read(lm, EngineConfig(max_sequences=2)) is None  # another batch: checked again
     (tmp_path / "model" / "config.json").write_text('{"changed": 1}')  # another model file: again
     assert lane_verdicts.read(lm, config) is None
+
+
+def test_a_failing_generation_step_fails_its_request_alone_and_the_lane_goes_on():
+    from mlx_lm.models.cache import KVCache as Plain
+
+    from engine.lanes.batch import Failed
+    from engine.lanes.sampling import SamplingParams
+
+    class Model:
+        calls = 0
+
+        def make_cache(self):
+            return [Plain()]
+
+        def __call__(self, inputs, cache=None):
+            Model.calls += 1
+            raise ValueError("the library raised")
+
+    class Tokenizer:
+        eos_token_ids = {2}
+
+        def __len__(self):
+            return 32
+
+    class Loaded:
+        model, tokenizer, epoch, kind = Model(), Tokenizer(), 1, "text"
+
+    import mlx.core as mx
+
+    lane = SoloBatch(Loaded(), prefill_step_size=4, prompt_cache_bytes=1 << 20, prompt_cache_entries=4,
+                     stream=mx.default_stream(mx.default_device()))
+    uid, cached, first = lane.admit([5, 6, 7], 4, SamplingParams(), [], False, on_error=lambda e: None)
+    assert (cached, first) == (0, None)
+    (failed,) = lane.step()
+    assert isinstance(failed, Failed) and failed.uid == uid and "the library raised" in str(failed.error)
+    assert Model.calls == 1
+    assert lane.step() == [] and lane.remove([uid]) == {}
+    # The lane takes the next request.
+    assert lane.admit([5, 6], 4, SamplingParams(), [], False, on_error=lambda e: None)[0] != uid

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from engine.lanes.batch import Capabilities, Response
+from engine.lanes.batch import Capabilities, Failed, Response
 from engine.lanes.sampling import SamplingParams, request_sampling
 from engine.prefix import kinds, snapshots
 from engine.prefix.prompt_store import make_store
@@ -103,17 +103,21 @@ class SoloBatch:
 
     # ---- one step: a prefill chunk or one token ---------------------------------------
 
-    def step(self) -> List[Response]:
+    def step(self) -> List[Any]:
         run = self._run
         if run is None:
             return []
-        with mx.stream(self.stream):
-            if run.pieces:
-                self._prefill(run, run.pieces.pop(0))
-                return []
-            if run.steps is None:
-                run.steps = self._steps(run)
-            token, logprobs = next(run.steps)
+        try:
+            with mx.stream(self.stream):
+                if run.pieces:
+                    self._prefill(run, run.pieces.pop(0))
+                    return []
+                if run.steps is None:
+                    run.steps = self._steps(run)
+                token, logprobs = next(run.steps)
+        except Exception as e:  # the one request running fails with what the library raised; the lane goes on
+            self._run = None
+            return [Failed(run.uid, "generation step", e)]
         run.generated.append(token)
         eos = token in self.lm.tokenizer.eos_token_ids and not run.ignore_eos
         finish = "stop" if eos else "length" if len(run.generated) >= run.max_tokens else None
