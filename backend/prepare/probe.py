@@ -10,6 +10,7 @@ Three prompts of different lengths: a batch pads the shorter ones.
 
 import base64
 import io
+
 import backend_pb2
 from engine.lanes.sampling import SamplingParams
 
