@@ -8,13 +8,23 @@ first step whose top-2 log-probability margin is under MARGIN (past it, any
 float reordering may pick the other token, so a comparison ends there);
 "score": per candidate, its log-probability after the prompt from one plain
 forward pass of the model over prompt + candidate}. Nothing of the backend is
-imported.
+imported; the process computes with the BLAS the server preloads (server_blas_env).
 """
 
 import json
+import os
 import sys
 
 MARGIN = 1e-3
+
+
+def server_blas_env() -> dict:
+    """This environment with the BLAS the server preloads (common/openblas.py): the library's
+    output under the same float arithmetic (a reference BLAS and OpenBLAS can round a tiny
+    model's close top-2 differently)."""
+    from common.openblas import preload_env
+
+    return preload_env() or dict(os.environ)
 
 
 def greedy(model, tokenizer, prompt: str, max_tokens: int) -> dict:
@@ -57,7 +67,7 @@ class Oracle:
         import subprocess
 
         self.proc = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=subprocess.PIPE, text=True, env=server_blas_env())
         self.jobs = list(jobs)
         self.answers = None
 
