@@ -5,10 +5,13 @@ only on the model as loaded (prefix/cache_files.fingerprint: its files, config, 
 adapters, KV cache type and the libraries' versions), on how its batch runs (max_sequences,
 prefill_batch_size, prefill_step_size), on the device and the BLAS, and on this backend's own
 code (a digest of its source). Under that key the verdict is kept in the cache folder
-(MLX_BACKEND_CACHE_DIR/lanes, one small JSON file per key, written atomically), so the next
-load of the same model skips the comparison; the one request through the chosen lane on the
-engine thread runs at every load. A file that cannot be read or written only means the check
-runs again. Loading thread.
+(MLX_BACKEND_CACHE_DIR/lanes, one small JSON file per key, written atomically, private and
+with the checksum of its verdict, as every cache file: loaders/private_files.py,
+loaders/checksums.py), so the next load of the same model skips the comparison; the one
+request through the chosen lane on the engine thread runs at every load. A file that cannot
+be read or written only means the check runs again; a damaged one (a verdict that would put
+a model in the wrong lane) is removed, counted in Status and the check runs again.
+Loading thread.
 """
 
 import functools
@@ -19,7 +22,9 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from loaders import checksums
 from loaders.loaded import Lane
+from loaders.private_files import private_dir, private_file
 
 log = logging.getLogger("mlx-backend.engine")
 
@@ -55,11 +60,26 @@ def key(lm, config) -> str:
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 
 
+def _verdict(lane: Lane) -> dict:
+    return {"solo": lane.solo, "prefill_alone": lane.prefill_alone, "reason": lane.reason}
+
+
+def _sum(verdict: dict) -> str:
+    return checksums.digest([json.dumps(verdict, sort_keys=True).encode()])
+
+
 def read(lm, config) -> Optional[Lane]:
     """The lane the check chose at an earlier load of this model, or None."""
+    path = _folder() / f"{key(lm, config)}.json"
     try:
-        kept = json.loads((_folder() / f"{key(lm, config)}.json").read_text())
-        return Lane(solo=bool(kept["solo"]), prefill_alone=bool(kept["prefill_alone"]), reason=str(kept["reason"]))
+        kept = json.loads(path.read_text())
+        verdict = {k: kept[k] for k in ("solo", "prefill_alone", "reason")}
+        if kept.get("checksum") != _sum(verdict):
+            checksums.note_damaged(checksums.LANE_CACHE, path, "checksum mismatch", "removed; the check runs again")
+            path.unlink(missing_ok=True)
+            return None
+        return Lane(solo=bool(verdict["solo"]), prefill_alone=bool(verdict["prefill_alone"]),
+                    reason=str(verdict["reason"]))
     except FileNotFoundError:
         return None
     except Exception as e:  # unreadable or torn: the check runs again
@@ -72,9 +92,11 @@ def write(lm, config, lane: Lane) -> None:
     folder = _folder()
     target = folder / f"{key(lm, config)}.json"
     tmp = target.with_name(f".{target.name}.{os.getpid()}")
+    verdict = _verdict(lane)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"solo": lane.solo, "prefill_alone": lane.prefill_alone, "reason": lane.reason}))
+        private_dir(folder)
+        tmp.write_text(json.dumps(dict(verdict, checksum=_sum(verdict))))
+        private_file(tmp)
         os.replace(tmp, target)
     except OSError as e:
         log.warning("lane: the verdict could not be kept (%s)", e)

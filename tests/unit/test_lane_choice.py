@@ -119,6 +119,36 @@ def test_a_verdict_is_kept_per_model_and_batch_settings(tmp_path, monkeypatch):
     assert lane_verdicts.read(lm, config) is None
 
 
+def test_a_kept_verdict_is_private_and_a_damaged_one_is_checked_again(tmp_path, monkeypatch):
+    import json
+    import os
+    import stat
+
+    from engine import lane_verdicts
+    from loaders import checksums
+    from loaders.loaded import LoadedModel
+
+    monkeypatch.setenv("MLX_BACKEND_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    lm = LoadedModel(name="m", source=str(tmp_path / "model"), model=None, tokenizer=None, config={},
+                     context_size=64, dtype="float32", options={}, load_seconds=0.0)
+    config = EngineConfig()
+    old = os.umask(0)
+    try:
+        lane_verdicts.write(lm, config, Lane(solo=True, reason="the batch differs"))
+    finally:
+        os.umask(old)
+    (path,) = (tmp_path / "cache" / "lanes").glob("*.json")
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700 and stat.S_IMODE(path.stat().st_mode) == 0o600
+    kept = json.loads(path.read_text())
+    kept["solo"] = False  # a verdict that would put a solo-lane model in the batch
+    path.write_text(json.dumps(kept))
+    before = checksums.figures()[checksums.LANE_CACHE]
+    assert lane_verdicts.read(lm, config) is None
+    assert not path.exists() and checksums.figures()[checksums.LANE_CACHE] == before + 1
+
+
 def test_a_failing_generation_step_fails_its_request_alone_and_the_lane_goes_on():
     from mlx_lm.models.cache import KVCache as Plain
 
