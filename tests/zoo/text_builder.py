@@ -93,12 +93,11 @@ def build(family: str, root: Path = None) -> Built:
     vocab = len(json.loads((tokenizer / "tokenizer.json").read_text())["model"]["vocab"])
     try:
         _import(family)
-        cfg = text_configs.config_of(family, vocab)
+        cfg = dict(text_configs.config_of(family, vocab), eos_token_id=_eos_id(tokenizer))
     except LibraryCannot as e:
-        return Built(family, "library-cannot", reason=str(e))
+        return _unrunnable(family, {"model_type": family}, tokenizer, root, str(e), constructible=False)
     except Exception as e:
         return Built(family, "not-built", reason=f"no tiny config: {type(e).__name__}: {e}")
-    cfg["eos_token_id"] = _eos_id(tokenizer)
     target = root / f"{family}-{_digest([cfg, BUILD_VERSION, text_families.version()])}"
     with building(target) as tmp:
         if (target / "model.safetensors").exists():
@@ -107,20 +106,48 @@ def build(family: str, root: Path = None) -> Built:
         tmp.mkdir(parents=True)
         try:
             _make(family, cfg, tokenizer, tmp)
-        except LibraryCannot as e:
-            return Built(family, "library-cannot", reason=str(e))
         except Exception as e:
-            said = f"{type(e).__name__}: {e}"[:400]
-            if "Metal" in said:  # e.g. "[metal_kernel] No Metal back-end."
-                return Built(family, "library-cannot", reason=f"its forward pass needs a Metal-only kernel ({said})")
-            log.debug("%s: not built", family, exc_info=True)
-            return Built(family, "not-built", reason=said)
-        finally:
-            if not (tmp / "model.safetensors").exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(target, ignore_errors=True)
-        tmp.rename(target)
-    return Built(family, "built", str(target))
+            shutil.rmtree(tmp, ignore_errors=True)
+            failure = e
+        else:
+            shutil.rmtree(target, ignore_errors=True)
+            tmp.rename(target)
+            return Built(family, "built", str(target))
+    said = f"{type(failure).__name__}: {failure}"[:400]
+    if isinstance(failure, LibraryCannot):
+        return _unrunnable(family, cfg, tokenizer, root, str(failure))
+    if "Metal" in said:  # e.g. "[metal_kernel] No Metal back-end."
+        return _unrunnable(family, cfg, tokenizer, root, f"its forward pass needs a Metal-only kernel ({said})")
+    log.debug("%s: not built", family, exc_info=failure)
+    return Built(family, "not-built", reason=said)
+
+
+def _unrunnable(family: str, cfg: dict, tokenizer: Path, root: Path, reason: str, constructible=True) -> Built:
+    """A directory of a family the library cannot run here, as a checkpoint of it would be, so
+    the matrix can check the server refuses it with the reason: the family's random weights
+    where its classes build, else one placeholder array (olmo's module exits before reading any)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    target = root / f"{family}-unrunnable-{_digest([cfg, BUILD_VERSION, text_families.version()])}"
+    with building(target) as tmp:
+        if not (target / "model.safetensors").exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            weights = dict(tree_flatten(_fresh(family, cfg).parameters())) if constructible else {}
+            _save(weights or {"placeholder": mx.zeros((1,))}, cfg, tokenizer, tmp)
+            shutil.rmtree(target, ignore_errors=True)
+            tmp.rename(target)
+    return Built(family, "library-cannot", str(target), reason)
+
+
+def _save(weights: dict, cfg: dict, tokenizer: Path, out: Path) -> None:
+    import mlx.core as mx
+
+    mx.save_safetensors(str(out / "model.safetensors"), weights)
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    for f in tokenizer.iterdir():
+        shutil.copyfile(f, out / f.name)
 
 
 def _eos_id(tokenizer: Path) -> int:
@@ -132,7 +159,6 @@ def _make(family: str, cfg: dict, tokenizer: Path, out: Path) -> None:
     """Build, condition and save into `out`; then load it through `mlx_lm.load` and check the
     conditioning survived the library's own loading (baichuan_m1's loader normalizes the head's
     rows, undoing a scaled head: such a family is conditioned through its final norm instead)."""
-    import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.utils import load
 
@@ -140,10 +166,7 @@ def _make(family: str, cfg: dict, tokenizer: Path, out: Path) -> None:
     for via_norm in (False, True):
         model = _fresh(family, cfg)
         condition(model, probe, specials, via_norm)
-        mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
-        (out / "config.json").write_text(json.dumps(cfg, indent=1))
-        for f in tokenizer.iterdir():
-            shutil.copyfile(f, out / f.name)
+        _save(dict(tree_flatten(model.parameters())), cfg, tokenizer, out)
         std = spread(logits(load(str(out))[0], probe))
         if LOGIT_STD / 2 <= std <= LOGIT_STD * 2:
             return
