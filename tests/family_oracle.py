@@ -151,7 +151,7 @@ class OracleStream:
                 continue
             code = self.proc.wait()
             self.stderr.seek(0)
-            tail = self.stderr.read()[-1500:]
+            tail = self.stderr.read()[-400:]
             how = signal.Signals(-code).name if code < 0 else f"exit {code}"
             self.answers.append({"error": f"the library crashed the process ({how}): {tail}"})
             if len(self.answers) < len(self.jobs):

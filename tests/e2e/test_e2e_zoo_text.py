@@ -19,6 +19,8 @@ FAMILIES=llama,mamba restricts the run to those families.
 
 import os
 import re
+import subprocess
+from dataclasses import dataclass
 
 import grpc
 import pytest
@@ -92,6 +94,17 @@ class Server:
         if self.backend is not None:
             self.backend.stop()
 
+    def log_size(self) -> int:
+        return os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
+
+    def last_exception(self, since: int):
+        """The last exception line ("ValueError: ...") the server logged after byte `since`."""
+        with open(self.log_path, "rb") as f:
+            f.seek(since)
+            lines = f.read().decode("utf-8", "replace").splitlines()
+        found = [line for line in lines if re.match(r"\w+(Error|Exception): ", line)]
+        return found[-1][:300] if found else None
+
 
 @pytest.fixture(scope="module")
 def server(log_dir, oracle):
@@ -117,59 +130,99 @@ def lane_of(stub):
     return {0: "batch", 1: "solo"}.get(breakdown["lane_solo"]) if "lane_solo" in breakdown else None
 
 
-class Checks:
-    """Each check's outcome and the first words of why any failed; a failing check does not
-    stop the others (the results file says everything that works)."""
+@dataclass
+class Why:
+    """Why a check failed: in words for the results file (and the doc), and the evidence
+    (texts of random models are mostly unprintable bytes) for this test's own message."""
+    said: str
+    evidence: str = ""
 
-    def __init__(self):
+
+class Checks:
+    """Each check's outcome; a failing check does not stop the others (the results file says
+    everything that works). An INTERNAL error is said with the exception the server logged."""
+
+    def __init__(self, server):
+        self.server, self.since = server, server.log_size()
         self.passed, self.failures = {}, []
 
     def run(self, name: str, check) -> None:
         try:
             why = check()
         except grpc.RpcError as e:
-            why = f"{e.code().name}: {e.details()}"
+            why = self.rpc_error(e)
         self.passed[name] = why is None
         if why is not None:
-            self.failures.append(f"{name}: {why}")
+            self.failures.append((name, why if isinstance(why, Why) else Why(why)))
+
+    def rpc_error(self, e) -> Why:
+        said = f"{e.code().name}: {e.details()}"
+        logged = self.server.last_exception(self.since) if e.code() == grpc.StatusCode.INTERNAL else None
+        return Why(f"{said} ({logged})" if logged else said)
+
+    def reason(self) -> str:
+        return "; ".join(f"{name}: {why.said}" for name, why in self.failures)
+
+    def evidence(self) -> list:
+        return [f"{name}: {why.said} {why.evidence}" for name, why in self.failures]
 
 
 def differs(got: str, answer: dict):
     """None when a served text is the oracle's (up to its last certain step), else why not."""
-    return None if agrees(got, answer) else f"{got!r} != library {answer['text']!r} (cut {answer['cut']})"
+    if agrees(got, answer):
+        return None
+    want = answer["text"] if answer["cut"] is None else answer["exact"]
+    where = len(os.path.commonprefix([got, want]))
+    certain = "every token certain" if answer["cut"] is None else f"certain up to token {answer['cut']}"
+    return Why(f"differs from mlx-lm's text from character {where} on", f"{got!r} != {answer['text']!r} ({certain})")
 
 
 def cached_tokens(log_path, label: str) -> int:
     return int(re.search(r"\((\d+) cached\)", completion_line(log_path, label)).group(1))
 
 
+def load(backend, path: str):
+    """LoadModel's Result, and the server's exit code when loading it took the server down."""
+    try:
+        return backend.load(path), None
+    except grpc.RpcError as e:
+        try:
+            code = backend.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            code = None
+        return backend_pb2.Result(success=False, message=f"LoadModel: {e.code().name}: {e.details()}"), code
+
+
+def must_refuse(family, results, reason: str, loaded, exit_code) -> None:
+    """A family the library cannot run here: LoadModel must not answer success, and the server
+    must stay up unless the library's native code crashed it (a signal: the host restarts it)."""
+    said = f"{reason}; LoadModel: {loaded.message}" if loaded.message else reason
+    results.record(family, entry("library-cannot", said))
+    assert not loaded.success, (family, "LoadModel answered success, though", reason)
+    assert exit_code is None or exit_code < 0, (family, f"the server exited ({exit_code}) at LoadModel", reason)
+    pytest.skip(f"library-cannot: {said}")
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_family_serves_the_library_output(family, zoo, oracle, server, results):
     built = zoo[family]
-    if built.status != "built":
+    if built.path is None:
         results.record(family, entry(built.status, built.reason))
         pytest.skip(f"{built.status}: {built.reason}")
-    answer = oracle(family)
+    answer = oracle(family) if built.status == "built" else {"error": built.reason}
     backend = server.ready()
     stub = backend.stub
-    try:
-        loaded = backend.load(built.path)
-    except grpc.RpcError as e:  # the model took the server down
-        loaded = backend_pb2.Result(success=False, message=f"LoadModel: {e.code().name}: {e.details()}")
-    said = loaded.message.replace(built.path, "<model dir>")  # no path of this machine in the results
+    loaded, exit_code = load(backend, built.path)
+    loaded.message = loaded.message.replace(built.path, "<model dir>")  # no path of this machine in results
     if "error" in answer:
-        reason = f"mlx-lm's own generation fails: {answer['error']}"
-        results.record(family, entry("library-cannot", reason))
-        alive = backend.proc.poll() is None
-        assert alive and not loaded.success, (
-            family, "the library cannot generate, yet", "it loaded" if alive else "the server died", said)
-        pytest.skip(reason)
+        lib = answer["error"] if built.status != "built" else f"mlx-lm's own generation fails: {answer['error']}"
+        must_refuse(family, results, lib, loaded, exit_code)
     if not loaded.success:
-        results.record(family, entry("refused", said, cache_kinds=answer["cache_kinds"]))
-        pytest.fail(f"{family} refused at LoadModel: {said}")
+        results.record(family, entry("refused", loaded.message, cache_kinds=answer["cache_kinds"]))
+        pytest.fail(f"{family} refused at LoadModel: {loaded.message}")
     want = dict(zip("ABCX", answer["greedy"]))
     lane = lane_of(stub)
-    checks = Checks()
+    checks = Checks(server)
 
     def alone():
         return differs(text(stub.Predict(opts(A, f"{family}-alone", spec=False), timeout=TIMEOUT)), want["A"])
@@ -187,17 +240,16 @@ def test_family_serves_the_library_output(family, zoo, oracle, server, results):
         replies = run_threads([lambda p=p, k=k: stub.Predict(opts(p, f"{family}-batch-{k}"), timeout=TIMEOUT)
                                for k, p in zip("ABC", (A, B, C))])
         for k, reply in zip("ABC", replies):
-            if isinstance(reply, Exception):
-                return f"{k}: {reply.code().name}: {reply.details()}"
-            if differs(text(reply), want[k]):
-                return f"{k}: {differs(text(reply), want[k])}"
+            why = checks.rpc_error(reply) if isinstance(reply, Exception) else differs(text(reply), want[k])
+            if why is not None:
+                return Why(f"prompt {k}: {why.said}", why.evidence)
         return None
 
     def prefix():
         label = f"{family}-prefix"
-        more = stub.Predict(opts(A_MORE, label), timeout=TIMEOUT)
-        if differs(text(more), want["X"]):
-            return differs(text(more), want["X"])
+        mismatch = differs(text(stub.Predict(opts(A_MORE, label), timeout=TIMEOUT)), want["X"])
+        if mismatch is not None:
+            return mismatch
         if lane == "solo" or not set(answer["cache_kinds"]) <= REUSED_KINDS:
             return None  # exact is all this check asks where the batch's reuse rule does not apply
         shared = len(stub.TokenizeString(backend_pb2.PredictOptions(Prompt=A), timeout=30).tokens)
@@ -215,6 +267,6 @@ def test_family_serves_the_library_output(family, zoo, oracle, server, results):
     for name, check in (("alone", alone), ("speculation", speculation), ("stream", stream),
                         ("batched", batched), ("prefix", prefix), ("score", score)):
         checks.run(name, check)
-    results.record(family, entry("served", "; ".join(checks.failures), lane=lane,
-                                 cache_kinds=answer["cache_kinds"], **checks.passed))
-    assert not checks.failures, (family, lane, answer["cache_kinds"], checks.failures)
+    results.record(family, entry("served", checks.reason(), lane=lane, cache_kinds=answer["cache_kinds"],
+                                 **checks.passed))
+    assert not checks.failures, (family, lane, answer["cache_kinds"], checks.evidence())
