@@ -31,12 +31,17 @@ def fill_packed(model) -> None:
 
 
 def spread(values) -> float:
-    """The logits' standard deviation over the vocabulary; LibraryCannot on NaN."""
+    """The logits' standard deviation over the vocabulary, of the finite ones (phi3small sets
+    its reserved ids to -inf); LibraryCannot on NaN."""
     import mlx.core as mx
 
     if mx.isnan(values).any().item():
         raise LibraryCannot("mlx-lm's forward pass gives NaN on the CPU")
-    return values.std(axis=-1).mean().item()
+    finite = mx.isfinite(values)
+    n = finite.sum(axis=-1, keepdims=True)
+    mean = mx.where(finite, values, 0).sum(axis=-1, keepdims=True) / n
+    variance = mx.where(finite, (values - mean) ** 2, 0).sum(axis=-1) / n[..., 0]
+    return mx.sqrt(variance).mean().item()
 
 
 def logits(model, ids):
@@ -102,9 +107,11 @@ def _final_norm(model):
     return (named or [m for _, m in norms] or [None])[-1]
 
 
-def condition(model, probe: list, specials: list, via_norm: bool = False) -> None:
-    """Scale the head (or a tied head's final norm) to logits of std LOGIT_STD, shrink the
-    special tokens' rows: a random model then decodes greedily with clear margins."""
+def condition(model, probe: list, specials: list, n_tokens: int, via_norm: bool = False) -> None:
+    """Scale the head (or a tied head's final norm) to logits of std LOGIT_STD, shrink the rows
+    of the special tokens and of ids past the tokenizer's `n_tokens` (a family whose code names
+    token ids of its real vocabulary needs that vocabulary's size): a random model then decodes
+    greedily with clear margins, and only to tokens the tokenizer has."""
     import mlx.core as mx
 
     vocab = logits(model, probe).shape[-1]
@@ -114,7 +121,7 @@ def condition(model, probe: list, specials: list, via_norm: bool = False) -> Non
     _strengthen(model, head)
     norm = _final_norm(model) if head.tied or via_norm else None
     for _ in range(4):
-        factor = LOGIT_STD / max(spread(logits(model, probe)), 1e-6)
+        factor = LOGIT_STD / max(spread(logits(model, probe)[:, :n_tokens]), 1e-6)
         if abs(factor - 1) < 0.05:
             break
         if norm is not None and mx.abs(norm.weight).max().item() > 0:
@@ -122,7 +129,8 @@ def condition(model, probe: list, specials: list, via_norm: bool = False) -> Non
         else:
             head.weight = head.weight * factor
         mx.eval(model.parameters())
-    rows = mx.ones((head.weight.shape[0], 1)).at[mx.array(specials)].multiply(SPECIAL_DAMP)
+    damped = mx.array([*specials, *range(n_tokens, head.weight.shape[0])])
+    rows = mx.ones((head.weight.shape[0], 1)).at[damped].multiply(SPECIAL_DAMP)
     head.weight = (head.weight * rows).astype(head.weight.dtype)
     mx.eval(model.parameters())
 

@@ -40,11 +40,10 @@ token short of it, see [Boundary snapshots](prefix-cache.md#boundary-snapshots))
 """
 
 REFUSALS = """\
-A family is refused at `LoadModel` (`success=false`, with the reason) only where the library
-itself cannot run it here; a load that answers success has run one short generation, so a
-model that would fail every request is never discovered by the first user. KV cache types
-(`CacheTypeKey`, `kv_bits`) are not part of the matrix (see
-[LoRA adapters and quantized KV cache](lora-and-kv-cache.md)).
+A family that is refused at `LoadModel` gets `success=false` with the reason (the lists above
+say which and why); the server goes on serving. A family is meant to be refused only where
+the library itself cannot run it here. KV cache types (`CacheTypeKey`, `kv_bits`) are not part
+of the matrix (see [LoRA adapters and quantized KV cache](lora-and-kv-cache.md)).
 """
 
 TEXT_COLUMNS = [("alone", "alone"), ("batched", "at once (3)"), ("stream", "stream"), ("prefix", "prefix"),
@@ -114,7 +113,7 @@ def render(text: dict, vision: dict = None) -> str:
     parts = [INTRO, *_section("Text families", text, TEXT_COLUMNS)]
     if vision:
         parts += _section("Vision families", vision, VISION_COLUMNS)
-    parts += ["## Refusals", "", REFUSALS]
+    parts += ["## Refused families", "", REFUSALS]
     return "\n".join(parts)
 
 

@@ -90,10 +90,9 @@ def build(family: str, root: Path = None) -> Built:
     """The family's tiny model directory, built once (seeded: the same weights every time)."""
     root = Path(root) if root is not None else default_root()
     tokenizer = tokenizer_dir(root)
-    vocab = len(json.loads((tokenizer / "tokenizer.json").read_text())["model"]["vocab"])
     try:
         _import(family)
-        cfg = dict(text_configs.config_of(family, vocab), eos_token_id=_eos_id(tokenizer))
+        cfg = dict(text_configs.config_of(family, _n_tokens(tokenizer)), eos_token_id=_eos_id(tokenizer))
     except LibraryCannot as e:
         return _unrunnable(family, {"model_type": family}, tokenizer, root, str(e), constructible=False)
     except Exception as e:
@@ -150,9 +149,16 @@ def _save(weights: dict, cfg: dict, tokenizer: Path, out: Path) -> None:
         shutil.copyfile(f, out / f.name)
 
 
+def _vocab(tokenizer: Path) -> dict:
+    return json.loads((tokenizer / "tokenizer.json").read_text())["model"]["vocab"]
+
+
+def _n_tokens(tokenizer: Path) -> int:
+    return len(_vocab(tokenizer))
+
+
 def _eos_id(tokenizer: Path) -> int:
-    vocab = json.loads((tokenizer / "tokenizer.json").read_text())["model"]["vocab"]
-    return vocab[tiny_tokenizer.EOS]
+    return _vocab(tokenizer)[tiny_tokenizer.EOS]
 
 
 def _make(family: str, cfg: dict, tokenizer: Path, out: Path) -> None:
@@ -162,12 +168,12 @@ def _make(family: str, cfg: dict, tokenizer: Path, out: Path) -> None:
     from mlx.utils import tree_flatten
     from mlx_lm.utils import load
 
-    probe, specials = _probe_ids(tokenizer), tiny_tokenizer.special_ids(tokenizer)
+    probe, specials, n_tokens = _probe_ids(tokenizer), tiny_tokenizer.special_ids(tokenizer), _n_tokens(tokenizer)
     for via_norm in (False, True):
         model = _fresh(family, cfg)
-        condition(model, probe, specials, via_norm)
+        condition(model, probe, specials, n_tokens, via_norm)
         _save(dict(tree_flatten(model.parameters())), cfg, tokenizer, out)
-        std = spread(logits(load(str(out))[0], probe))
+        std = spread(logits(load(str(out))[0], probe)[:, :n_tokens])
         if LOGIT_STD / 2 <= std <= LOGIT_STD * 2:
             return
         (out / "model.safetensors").unlink()
@@ -202,7 +208,8 @@ def build_all(families=None, root: Path = None) -> list:
     """Built for each family (default: every family mlx-lm ships), in order.
 
     Built in worker processes, not this one: a family whose forward pass crashes the process
-    (phi3small's does, in MLX on the CPU) must not take the caller with it. The outcome of
+    must not take the caller with it (phi3small's did while the zoo gave it a vocabulary
+    smaller than the token ids its code writes to: out of bounds, MLX crashed or not). The outcome of
     every family is kept in a manifest named by the recipe's sources, so a later run with
     nothing changed starts no worker at all."""
     families = list(families or text_families.families())
@@ -223,7 +230,7 @@ def _sources() -> list:
 
 
 def _usable(entry: dict) -> bool:
-    return entry["status"] != "built" or (Path(entry["path"]) / "model.safetensors").exists()
+    return entry["path"] is None or (Path(entry["path"]) / "model.safetensors").exists()
 
 
 def _read(manifest: Path) -> dict:
@@ -248,9 +255,10 @@ def _in_workers(families: list, root: Path) -> dict:
 
     done, pending = {}, list(families)
     while pending:
-        proc = subprocess.run([sys.executable, __file__, "--worker", str(root), *pending],
-                              capture_output=True, text=True, timeout=3600)
-        for line in proc.stdout.splitlines():
+        proc = subprocess.Popen([sys.executable, __file__, "--worker", str(root), *pending],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = proc.communicate(timeout=3600)
+        for line in out.splitlines():
             if line.startswith("{"):
                 entry = json.loads(line)
                 done[entry["family"]] = entry
@@ -258,7 +266,9 @@ def _in_workers(families: list, root: Path) -> dict:
         if not pending:
             break
         if proc.returncode >= 0:
-            raise RuntimeError(f"the zoo's builder stopped early (exit {proc.returncode}): {proc.stderr[-2000:]}")
+            raise RuntimeError(f"the zoo's builder stopped early (exit {proc.returncode}): {err[-2000:]}")
+        for torn in root.glob(f"*.partial-{proc.pid}"):  # what the dead worker was writing
+            shutil.rmtree(torn, ignore_errors=True)
         crashed = pending.pop(0)
         how = signal.Signals(-proc.returncode).name
         done[crashed] = asdict(Built(crashed, "library-cannot",

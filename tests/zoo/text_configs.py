@@ -151,7 +151,9 @@ OVERRIDES = {
     "olmo3": dict(layer_types=_SLIDING_FULL),
     "olmo_hybrid": dict(layer_types=["linear_attention", "full_attention"]),
     "openelm": dict(num_query_heads=[4, 4], num_kv_heads=[2, 2], ffn_multipliers=[2.0, 2.0], ffn_dim_divisor=16),
-    "phi3small": dict(dense_attention_every_n_layers=2, gegelu_limit=20.0),
+    # Its forward pass sets the logits of ids 100256-100351 (its tokenizer's reserved ones) to
+    # -inf: a smaller vocabulary is written out of bounds (MLX then crashes): its real size.
+    "phi3small": dict(dense_attention_every_n_layers=2, gegelu_limit=20.0, vocab_size=100352, hidden_size=32),
     # A 2-bit Hadamard-rotated pack of qwen3_5: one packed linear (its input 128 wide, as packs need).
     "prism_hadamard_qwen35": dict(schema_version=1, tensor_namespace="mlx-lm-text",
                                   quantization={"bits": 2, "group_size": 128, "mode": "affine"},
