@@ -45,9 +45,11 @@ class _Sink:
     """Where a probe request's events go: read here, never handed to an event loop."""
 
 
-def run(lm, config, requests: List, stream, beat: Callable[[], None] = lambda: None) -> List[Outcome]:
+def run(lm, config, requests: List, stream, beat: Callable[[], None] = lambda: None,
+        together: int = TOGETHER) -> List[Outcome]:
     """Run `requests` (engine Requests for `lm`) through the lane lm.lane names, on this thread's
-    `stream`; one Outcome per request. `beat` is called each pass (Health's pulse, on the engine thread)."""
+    `stream`; one Outcome per request, the first `together` arriving at once. `beat` is called
+    each pass (Health's pulse, on the engine thread)."""
     import mlx.core as mx
 
     # The lane as configured (how many run, how many prefill together), but the probes are the
@@ -62,10 +64,10 @@ def run(lm, config, requests: List, stream, beat: Callable[[], None] = lambda: N
     for i, request in enumerate(requests):
         request.id = i + 1
     try:
-        for request, sink in zip(requests[:TOGETHER], sinks):
+        for request, sink in zip(requests[:together], sinks):
             streams.enqueue(request, sink)
         _pass(streams, beat)
-        for request, sink in zip(requests[TOGETHER:], sinks[TOGETHER:]):  # while those decode
+        for request, sink in zip(requests[together:], sinks[together:]):  # while those decode
             streams.enqueue(request, sink)
         for _ in range(MAX_PASSES):
             if not streams.pending:

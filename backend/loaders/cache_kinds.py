@@ -35,3 +35,12 @@ def unmergeable(model) -> Optional[str]:
         if not hasattr(type(c), "merge"):
             return type(c).__name__
     return None
+
+
+def recurrent(model) -> bool:
+    """Whether `model` keeps a recurrent state (mlx-lm's ArraysCache: mamba's, a linear
+    attention's, a short convolution's) in some layer: a state every token of a prefill runs
+    through, left padding included."""
+    from mlx_lm.models.cache import ArraysCache, make_prompt_cache
+
+    return any(isinstance(c, ArraysCache) for c in layers(make_prompt_cache(model)))
