@@ -190,13 +190,15 @@ def load(backend, path: str):
             code = backend.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             code = None
-        return backend_pb2.Result(success=False, message=f"LoadModel: {e.code().name}: {e.details()}"), code
+        return backend_pb2.Result(success=False, message=f"{e.code().name}: {e.details()}"), code
 
 
 def must_refuse(family, results, reason: str, loaded, exit_code) -> None:
     """A family the library cannot run here: LoadModel must not answer success, and the server
     must stay up unless the library's native code crashed it (a signal: the host restarts it)."""
     said = f"{reason}; LoadModel: {loaded.message}" if loaded.message else reason
+    if exit_code is not None:
+        said += f" (the server exited: {exit_code})"
     results.record(family, entry("library-cannot", said))
     assert not loaded.success, (family, "LoadModel answered success, though", reason)
     assert exit_code is None or exit_code < 0, (family, f"the server exited ({exit_code}) at LoadModel", reason)
