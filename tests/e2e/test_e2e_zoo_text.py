@@ -4,15 +4,15 @@ One tiny random-weight model per model_type (tests/zoo/text_builder.py), one ser
 them in turn (LoadModel swaps), one oracle process computing mlx-lm's own answers for all of
 them while the server runs (family_oracle.py: `stream_generate`, a plain forward pass for
 Score, each comparison ending at the first step whose top-2 margin is under 1e-3). Per family:
-greedy alone (unary) equals the library; speculation on equals off; streamed equals unary;
+greedy alone (unary) equals the library, with speculation off and on; streamed equals it;
 three requests at once with prompts of different lengths each equal their alone answer; a
-prompt that extends an earlier one equals the library, served from the prefix cache (for a
-batch-lane family of plain KV caches the whole shared prompt, of windowed or recurrent caches
-the snapshot one token short of it, as docs/prefix-cache.md says); Score equals the forward
-pass. A family the library itself cannot run must be refused at LoadModel, the server still
-healthy. Status's lane and the oracle's cache classes go into text.json (tests/zoo/results.py)
-with every check's outcome, written after each family; docs/model-families.md is generated
-from it (tests/zoo/families_doc.py, `make families-doc`).
+prompt that extends an earlier one equals the library, served from the prefix cache (in the
+batch lane: the whole shared prompt where the library's cache can be cut back, else the
+snapshot one token short of it, as docs/prefix-cache.md says); Score equals the forward pass.
+A family the library itself cannot run must be refused at LoadModel, the server still up
+(unless the library's native code killed it). Status's lane and the oracle's cache classes go
+into text.json (tests/zoo/results.py) with every check's outcome, written after each family;
+docs/model-families.md is generated from it (tests/zoo/families_doc.py, `make families-doc`).
 
 FAMILIES=llama,mamba restricts the run to those families.
 """
@@ -190,13 +190,15 @@ def load(backend, path: str):
             code = backend.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             code = None
-        return backend_pb2.Result(success=False, message=f"LoadModel: {e.code().name}: {e.details()}"), code
+        return backend_pb2.Result(success=False, message=f"{e.code().name}: {e.details()}"), code
 
 
 def must_refuse(family, results, reason: str, loaded, exit_code) -> None:
     """A family the library cannot run here: LoadModel must not answer success, and the server
     must stay up unless the library's native code crashed it (a signal: the host restarts it)."""
     said = f"{reason}; LoadModel: {loaded.message}" if loaded.message else reason
+    if exit_code is not None:
+        said += f" (the server exited: {exit_code})"
     results.record(family, entry("library-cannot", said))
     assert not loaded.success, (family, "LoadModel answered success, though", reason)
     assert exit_code is None or exit_code < 0, (family, f"the server exited ({exit_code}) at LoadModel", reason)

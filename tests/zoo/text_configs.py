@@ -2,8 +2,9 @@
 
 The generic shrink reads the family's own ModelArgs dataclass (and, for families that wrap
 a language model in `text_config`, the language model's args): every size field it knows
-by name (widths, depths, heads, experts, low ranks, windows) is set small whether or not the
-class has a default for it, and a field with no default gets a plain value by name. The
+by name (widths, depths, heads, experts, low ranks, windows) is set small where the field is
+required or its default is a positive size (a feature the family's default turns off with 0
+or None stays off), and another field with no default gets a plain value by name. The
 OVERRIDES table holds what that cannot know: layer patterns (which layers attend, which are
 recurrent) that must match the depth, dimensions that must divide each other, and the few
 fields whose default a tiny model cannot take. mlx-lm's own tests build tiny configs of most
@@ -19,7 +20,7 @@ from zoo.text_families import module_of
 
 WINDOW = 16  # sliding windows and attention chunks: a short prompt plus its reply passes them
 
-# Sizes, by field name: set whatever the family's default (defaults are full-size models).
+# Sizes, by field name (a family's defaults are those of its full-size models).
 SIZES = {
     **dict.fromkeys(("hidden_size", "d_model", "n_embd", "hidden_dim", "model_dim", "dim"), 64),
     **dict.fromkeys(("num_hidden_layers", "n_layer", "n_layers", "num_layers", "num_transformer_layers"), 2),
@@ -75,12 +76,12 @@ REQUIRED = {
     "mlp_only_layers": [],
     "rope_scaling": None,
     **dict.fromkeys(("conv_kernel", "linear_conv_kernel_dim", "conv1d_width", "mamba_d_conv"), 4),
-    **dict.fromkeys(("conv_L_cache",), 3),
-    **dict.fromkeys(("n_groups",), 1),
+    "conv_L_cache": 3,
+    "n_groups": 1,
     **dict.fromkeys(("time_step_rank", "mamba_dt_rank"), 4),
     "time_step_limit": [0.001, 100.0],
-    **dict.fromkeys(("topk_method",), "noaux_tc"),
-    **dict.fromkeys(("scoring_func",), "sigmoid"),
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
 }
 
 # What the generic shrink cannot know, per family (a `text_config` entry is merged into the
@@ -187,8 +188,8 @@ def _positive(value) -> bool:
 def _shrink(args_class, vocab: int) -> dict:
     """A size replaces a positive default (a feature the family turns off with 0 or None stays
     off: qwen3_5's num_experts=0 is the dense model), a required field gets its value by name."""
-    cfg = {}
-    for name, default in _fields(args_class).items():
+    cfg, fields = {}, _fields(args_class)
+    for name, default in fields.items():
         if name in ALWAYS:
             cfg[name] = ALWAYS[name]
         elif name in SIZES and (default is REQUIRED_FIELD or _positive(default)):
@@ -196,7 +197,7 @@ def _shrink(args_class, vocab: int) -> dict:
         elif default is REQUIRED_FIELD and name in REQUIRED:
             cfg[name] = REQUIRED[name]
     for name in ("vocab_size", "vocab_size_per_layer_input", "num_vocab"):
-        if name in _fields(args_class):
+        if name in fields:
             cfg[name] = vocab
     return cfg
 
@@ -210,7 +211,7 @@ def text_args(module):
     bases = [inspect.getmodule(c.__mro__[1]) for c in (module.ModelArgs, module.Model)]
     for mod in dict.fromkeys([module, *bases]):
         for name, obj in vars(mod).items():
-            if (name.startswith("Text") and inspect.isclass(obj) and issubclass(obj, BaseModelArgs)):
+            if name.startswith("Text") and inspect.isclass(obj) and issubclass(obj, BaseModelArgs):
                 return obj
         found = re.search(r"(\w+)\.ModelArgs\.from_dict\(\s*args\.text_config", inspect.getsource(mod))
         if found:
