@@ -10,7 +10,7 @@ reference the batch is checked against. Decided from what the model does, never 
 - else `decide` (on the loading thread, while the previous model keeps serving): three short
   greedy requests of different lengths run through the solo lane, one at a time, then
   through the batch, two prefilled together (the shorter one padded) and one joining them
-  while they decode, then all three prefilled together (lane_probe.py). The batch is kept when every request gives the solo
+  while they decode (lane_probe.py). The batch is kept when every request gives the solo
   lane's tokens, compared up to the first step whose top-2 margin is under MARGIN (there
   float rounding alone may pick the other token). If it raises or differs, the batch is tried
   once more with each prompt prefilled alone and merged only to decode, so no padding reaches
@@ -21,7 +21,7 @@ reference the batch is checked against. Decided from what the model does, never 
 
 The solo lane failing a request means the library's own step cannot generate with the model
 here: refused at LoadModel with that reason. The load option `lane` (batch or solo) skips
-the check; only the trial runs. Cost at load: 9 to 15 short generations of a few tokens
+the check; only the trial runs. Cost at load: 6 to 9 short generations of a few tokens
 (prepare/probe.py) on the loading thread, once per model on a machine (lane_verdicts.py keeps
 the verdict), and one on the engine thread at every load.
 """
@@ -83,10 +83,8 @@ def _checked(lm, config, probes: Callable[[], List], unmergeable: Optional[str])
         return lane_probe.run(lm, config, requests or probes(), stream, together=together)
 
     def batched(lane: Lane) -> Optional[str]:
-        """How the lane differs from the reference: with two arriving together and one joining,
-        then with all arriving at once (padding and joining each show defects the other does
-        not: a tiny afm7 passed the first)."""
-        return differs(reference, outcomes(lane)) or differs(reference, outcomes(lane, together=len(first)))
+        """How the lane differs from the reference: two arriving together, the third joining them."""
+        return differs(reference, outcomes(lane))
 
     first = probes()
     if not first:  # none could be prepared for this model (a context shorter than they are)

@@ -202,6 +202,9 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
         raise ModelLoadError(f"{source}: {e}") from None
     except Exception as e:  # hub and format errors arrive as many types
         raise ModelLoadError(f"{source}: {type(e).__name__}: {e}") from None
+    except SystemExit as e:  # a model module that exits when a package it needs is missing (olmo)
+        raise ModelLoadError(f"{source}: mlx-lm's module for this model does not import here "
+                             f"(it exited with {e.code!r}; its message is in the log)") from None
 
     # One process serves one request at a time in the solo lane (engine/lane_choice.py); across
     # ranks only the batch runs, and a cache it cannot merge would fail every request.
