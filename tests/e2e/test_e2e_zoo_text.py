@@ -31,7 +31,9 @@ from family_oracle import OracleStream, agrees, job
 from zoo import text_builder, text_families
 from zoo.results import Results, entry, results_dir
 
-pytestmark = pytest.mark.e2e
+# Not in `make test` yet: two families still fail it (docs/model-families.md says which and why);
+# `make families-doc` runs it.
+pytestmark = [pytest.mark.e2e, pytest.mark.zoo]
 
 TOKENS = 16
 A = "one two three one two three one two"

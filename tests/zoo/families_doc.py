@@ -109,10 +109,20 @@ def _section(title: str, results: dict, columns) -> list:
             *(_missing(families) or ["None."]), ""]
 
 
+# What stands for the vision matrix's table while its results are not there.
+VISION_UNMATRIXED = (
+    "Not in a matrix yet (no vision.json). Checked against mlx-vlm's own generation by "
+    "`tests/e2e/test_e2e_vision_families.py` (qwen2_vl, qwen2_5_vl, idefics3, smolvlm: the batch, "
+    "two images at once), `tests/e2e/test_e2e_vision.py` and `tests/e2e/test_e2e_solo.py` (Gemma 3 "
+    "vision: the solo lane). See [Vision](vision.md).")
+
+
 def render(text: dict, vision: dict = None) -> str:
     parts = [INTRO, *_section("Text families", text, TEXT_COLUMNS)]
     if vision:
         parts += _section("Vision families", vision, VISION_COLUMNS)
+    else:
+        parts += ["## Vision families", "", VISION_UNMATRIXED, ""]
     parts += ["## Refused families", "", REFUSALS]
     return "\n".join(parts)
 
