@@ -3,7 +3,7 @@ PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 ADDR ?= 127.0.0.1:50051
 
-.PHONY: install install-test protogen serve serve-distributed demo smoke unit e2e test bench bench-adapt bench-vision bench-spec bench-distributed bench-embed bench-peers soak localai-backend package clean
+.PHONY: install install-test protogen serve serve-distributed demo smoke unit e2e test families-doc bench bench-adapt bench-vision bench-spec bench-distributed bench-embed bench-peers soak localai-backend package clean
 
 install:
 	./install.sh
@@ -34,11 +34,20 @@ unit: install-test
 	$(PYTEST) -q tests -m "not e2e"
 
 e2e: install-test
-	$(PYTEST) -q tests -m e2e
+	$(PYTEST) -q tests -m "e2e and not zoo"
 
 test: install-test
-	$(PYTEST) -q tests
+	$(PYTEST) -q tests -m "not zoo"
 	$(PY) backend/test.py
+
+# The family matrices (every model_type mlx-lm and mlx-vlm ship, tiny, against the libraries'
+# own output) into ZOO_RESULTS, then docs/model-families.md from their results. The doc is
+# written even when families fail (it says which and why); the target then fails too.
+ZOO_RESULTS ?= .zoo-results
+families-doc: install-test
+	rm -rf $(ZOO_RESULTS)
+	ZOO_RESULTS_DIR=$(abspath $(ZOO_RESULTS)) $(PYTEST) -q -rs $(wildcard tests/e2e/test_e2e_zoo_*.py); \
+	status=$$?; $(PY) tests/zoo/families_doc.py $(ZOO_RESULTS) docs/model-families.md && exit $$status
 
 # BENCH=prefix: only the prefix-cache scenarios (tests/bench/bench_prefix.py, ~10 min); BENCH=all: both.
 BENCH ?= main
@@ -78,7 +87,7 @@ package: install
 		$(if $(PYTHON_DIST),--python-dist "$(PYTHON_DIST)") >/dev/null
 
 clean:
-	rm -rf .venv dist backend/backend_pb2.py backend/backend_pb2_grpc.py .pytest_cache .hypothesis
+	rm -rf .venv dist backend/backend_pb2.py backend/backend_pb2_grpc.py .pytest_cache .hypothesis .zoo-results
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 bench-embed: install-test

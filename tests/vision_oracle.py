@@ -44,7 +44,10 @@ def main() -> None:
 
 def run(model: str, question: str, seeds, max_tokens: int) -> list:
     job = json.dumps({"model": model, "question": question, "seeds": list(seeds), "max_tokens": max_tokens})
-    out = subprocess.run([sys.executable, __file__], input=job, capture_output=True, text=True, timeout=600)
+    from family_oracle import server_blas_env
+
+    out = subprocess.run([sys.executable, __file__], input=job, capture_output=True, text=True, timeout=600,
+                         env=server_blas_env())
     if out.returncode:
         raise RuntimeError(f"the oracle failed: {out.stderr[-2000:]}")
     return json.loads(out.stdout)

@@ -1,6 +1,6 @@
 """Checksums of what the backend reads back from its own caches, and the count of damaged files.
 
-A file read back from a cache (a prefix-cache entry, a converted GGUF model) carries the
+A file read back from a cache (a prefix-cache entry, a converted GGUF model, a lane verdict) carries the
 checksum of what was written, and is verified before any of it reaches the model: a disk
 that flips bits must never turn into other text or another model. The hash is XXH3-128
 (the `xxhash` package, already installed with mlx-vlm): measured here 2.8-5.8 GB/s on
@@ -30,9 +30,10 @@ _CHUNK = 8 << 20  # file reads: large enough that the hash runs without the GIL,
 # The caches whose damaged files are counted, as Status names them.
 PROMPT_CACHE = "prompt_cache_disk_corrupt"
 GGUF_CACHE = "gguf_cache_corrupt"
+LANE_CACHE = "lane_cache_corrupt"
 
-_LABELS = {PROMPT_CACHE: "prompt cache", GGUF_CACHE: "GGUF cache"}
-_damaged: Dict[str, int] = {PROMPT_CACHE: 0, GGUF_CACHE: 0}
+_LABELS = {PROMPT_CACHE: "prompt cache", GGUF_CACHE: "GGUF cache", LANE_CACHE: "lane verdicts"}
+_damaged: Dict[str, int] = {PROMPT_CACHE: 0, GGUF_CACHE: 0, LANE_CACHE: 0}
 _damaged_lock = threading.Lock()
 
 

@@ -4,9 +4,8 @@ Tiny random-weight models (vision_fixture.py) of the families below; the oracle
 is mlx-vlm's `stream_generate`, greedy, run in a separate process
 (vision_oracle.py). The server must give its tokens for an image alone and for
 two images requested at once. LLaVA (mlx-vlm 0.7.10 cannot prepare its images with
-the transformers installed here) and Gemma 3 (mlx-vlm prefills its image
-prompts under a mask the batch does not reproduce) must be refused at
-LoadModel with the reason. What each family supports: docs/model-families.md.
+the transformers installed here) must be refused at LoadModel with the reason; Gemma 3
+runs in the solo lane (test_e2e_solo.py). What each family supports: docs/model-families.md.
 """
 
 import json
@@ -57,9 +56,6 @@ REFUSED = {  # family: words its LoadModel message must hold
     # mlx-vlm 0.7.10's LLaVA processor passes text options to transformers' image processor,
     # which refuses them: mlx-vlm's own generation fails on every image too.
     "llava": ("processor", "padding"),
-    # mlx-vlm prefills Gemma 3 image prompts under its own 4-D mask; the batch's prefill is
-    # causal, and the text differed from mlx-vlm's by the 4th token.
-    "gemma3": ("attention mask", "differ"),
 }
 
 
