@@ -3,7 +3,7 @@
 One server serves tiny models (solo_models.py, built with mlx-lm's own classes) in turn, one
 per cause the lane choice sees: a chunked cache (llama4), a cache class outside mlx-lm's
 batch (deepseek_v41), a batched step that raises (gemma2, gpt_bigcode), a recurrent state
-the batch's padding reaches (mamba: the batch with each prompt prefilled alone). Each is
+the batch's padding would reach (mamba: the batch with each prompt prefilled alone). Each is
 compared with mlx-lm's own greedy generation run in one separate process (family_oracle.py),
 alone and three at once; the solo lane serves the three in their order of arrival. On gemma2
 in the solo lane: stop strings, logprobs, seeds, a JSON schema, cancellation, the queue bound,
@@ -41,7 +41,8 @@ LANES = {
     "deepseek_v41": (1, 0, "solo (its LayerCache cache cannot be merged into mlx-lm's batch"),
     "gemma2": (1, 0, "solo (batched, it fails request A (INTERNAL: the step failed: ValueError: [broadcast_shapes]"),
     "gpt_bigcode": (1, 0, "solo (batched, it fails request A (INTERNAL: the step failed"),
-    "mamba": (0, 1, "batch, each prompt prefilled alone (batched, it gives other tokens than the single stream"),
+    "mamba": (0, 1, "batch, each prompt prefilled alone (batched, it keeps a recurrent state, which left padding "
+                    "would enter; prefilled alone, it gives the single stream's tokens"),
 }
 # Prompt tokens of A_MORE served from A's cache: the whole shared prompt where the cache can be cut
 # back to it, the end-of-prompt snapshot (one token short) where it cannot, none where the cache
