@@ -39,7 +39,7 @@ def _own_prompt_cache(self, env=None, *args, **kwargs):
 Backend.__init__ = _own_prompt_cache
 
 # How long a test waits for a server to answer Health: a liveness bound, not a speed. Four test
-# runs at once on two cores took a start past the launcher's 60 s (its imports alone: 30-70 s),
+# runs at once on two cores took a start past the launcher's 60 s (30-70 s to Health here),
 # failing tests that were not about starting at all; polling, a start that is quick ends the wait.
 START_S = 300.0
 _wait_healthy = Backend.wait_healthy
