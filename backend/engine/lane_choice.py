@@ -13,12 +13,13 @@ reference the batch is checked against. Decided from what the model does, never 
   while they decode (lane_probe.py). The batch is kept when every request gives the solo
   lane's tokens, compared up to the first step whose top-2 margin is under MARGIN (there
   float rounding alone may pick the other token), and their log-probabilities within what
-  rounding moves them by (`tolerance`): a few probe tokens can agree while the batch computes
-  something else (afm7's shared-KV layers place their queries by the padded cache length, not
-  the row's position: equal tokens for 3 steps, log-probabilities 0.3 apart, other text later). If it raises or differs, the batch is tried
-  once more with each prompt prefilled alone and merged only to decode, so no padding reaches
-  a recurrent state (mamba, jamba); a model with a recurrent state (an ArraysCache layer) is
-  never batched padded, checked prefilled alone from the start; if that differs too, solo;
+  rounding moves them by (loaders/rounding.py): a few probe tokens can agree while the batch
+  computes something else (afm7's shared-KV layers place their queries by the padded cache's
+  length, not the row's position: the same 3 tokens, log-probabilities 0.3 apart, other text
+  later). If it raises or differs, the batch is tried once more with each prompt prefilled
+  alone and merged only to decode, so no padding reaches a recurrent state (mamba, jamba); a
+  model with a recurrent state (an ArraysCache layer) is never batched padded, checked
+  prefilled alone from the start; if that differs too, solo;
 - then `trial` (on the engine thread, where requests run): one request through the chosen
   lane; a batch that fails it gives way to solo; a model failing in the solo lane too is refused.
 
@@ -33,15 +34,12 @@ import logging
 from typing import Callable, List, Optional
 
 from engine import lane_probe, lane_verdicts
-from loaders import cache_kinds
+from loaders import cache_kinds, rounding
 from loaders.loaded import Lane, ModelLoadError, materialize
 
 log = logging.getLogger("mlx-backend.engine")
 
 MARGIN = 1e-3  # a step whose top-2 log-probabilities are closer than this ends a comparison
-# A logit near 32 (a confident step) rounds by 16 ulps of 1.0 in the model's float; a batched
-# matmul may round it again. Float32 thus allows MARGIN, bfloat16 0.25, float16 0.03.
-ROUNDING_ULPS = 32
 UNCHECKED = "not checked: no probe request fits this model"
 _NAMES = "ABCDEFGH"
 
@@ -92,7 +90,7 @@ def _checked(lm, config, probes: Callable[[], List], unmergeable: Optional[str])
         """How the lane differs from the reference: two arriving together, the third joining them."""
         return differs(reference, outcomes(lane), allowed)
 
-    allowed = tolerance(lm.model)
+    allowed = rounding.allowed(lm.model)
 
     first = probes()
     if not first:  # none could be prepared for this model (a context shorter than they are)
@@ -118,18 +116,6 @@ def _checked(lm, config, probes: Callable[[], List], unmergeable: Optional[str])
     finally:
         # Whatever the runs left on the model unevaluated would be bound to this thread's stream.
         materialize(lm.vision.vlm if lm.vision is not None else lm.model)
-
-
-def tolerance(model) -> float:
-    """How far float rounding alone moves a log-probability of `model`: ROUNDING_ULPS ulps of
-    1.0 in the coarsest float it holds (its compute type: quantized weights keep their scales
-    in it), never under MARGIN."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
-    floats = {a.dtype for _, a in tree_flatten(model.parameters()) if mx.issubdtype(a.dtype, mx.floating)}
-    eps = max((mx.finfo(d).eps for d in floats), default=mx.finfo(mx.float32).eps)
-    return max(MARGIN, ROUNDING_ULPS * eps)
 
 
 def differs(reference: List[lane_probe.Outcome], got: List[lane_probe.Outcome],

@@ -51,14 +51,14 @@ def test_rounding_allowed_follows_the_coarsest_float_of_the_model():
     import mlx.core as mx
     import mlx.nn as nn
 
-    from engine.lane_choice import MARGIN, tolerance
+    from loaders.rounding import FLOOR, allowed
 
     model = nn.Linear(4, 4)
-    assert tolerance(model) == MARGIN
+    assert allowed(model) == FLOOR
     model.set_dtype(mx.bfloat16)
-    assert tolerance(model) == 0.25
+    assert allowed(model) == 0.25
     quantized = nn.QuantizedLinear(64, 8)  # uint32 weights, float32 scales: float32 rounding
-    assert tolerance(quantized) == MARGIN
+    assert allowed(quantized) == FLOOR
 
 
 def test_a_failed_request_or_another_end_differs():
