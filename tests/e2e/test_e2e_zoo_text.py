@@ -17,9 +17,11 @@ docs/model-families.md is generated from it (tests/zoo/families_doc.py, `make fa
 FAMILIES=llama,mamba restricts the run to those families.
 """
 
+import concurrent.futures
 import os
 import re
 import subprocess
+import threading
 from dataclasses import dataclass
 
 import grpc
@@ -42,6 +44,7 @@ C = "Count 1, 2, 3"  # shorter than A
 A_MORE = A + " three four five six seven"
 SCORE = ("The sky is", [" blue", " green today", " a"])
 TIMEOUT = 120
+STARTUP = 300  # seconds a backend may take to answer Health
 # Cache kinds whose prefix reuse the batch lane promises exactly: a cache the library can cut
 # back is cut back to the whole shared prompt; a window that wrapped or a recurrent state
 # restores the snapshot taken one token short of the earlier prompt's end.
@@ -79,18 +82,25 @@ def results(tmp_path_factory):
     return Results(results_dir(tmp_path_factory) / "text.json", f"mlx-lm {text_families.version()}")
 
 
-class Server:
-    """One backend for the whole matrix, started again if a family's model kills it."""
+class Slot:
+    """One backend, started again if a family's model kills it."""
 
     def __init__(self, log_path):
         self.log_path = log_path
         self.backend = None
+        self.lock = threading.Lock()  # its start (a thread of Server's) and a load may ask at once
 
     def ready(self) -> Backend:
-        if self.backend is None or self.backend.proc.poll() is not None:
-            self.backend = Backend(log_path=str(self.log_path))
-            self.backend.wait_healthy()
-        return self.backend
+        with self.lock:
+            if self.backend is None or self.backend.proc.poll() is not None:
+                backend = Backend(log_path=str(self.log_path))
+                try:  # three processes import MLX at once here, next to other work: a generous bound
+                    backend.wait_healthy(timeout=STARTUP)
+                except BaseException:
+                    backend.stop()
+                    raise
+                self.backend = backend
+            return self.backend
 
     def stop(self):
         if self.backend is not None:
@@ -108,9 +118,44 @@ class Server:
         return found[-1][:300] if found else None
 
 
+class Server:
+    """Two backends taking the families in turn: while one serves a family's checks, the other
+    loads the next family (its LoadModel, lane check and trial: about half a family's time)."""
+
+    def __init__(self, log_dir):
+        self.slots = [Slot(log_dir / f"zoo-text-{i}.log") for i in range(2)]
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+        self.ahead = {}  # family -> (slot, the future of its load)
+        self.turn = 0
+        for slot in self.slots:  # both start while the oracle starts
+            self.pool.submit(slot.ready)
+
+    def take(self, family: str, path: str):
+        """(slot, LoadModel's Result, exit code) of `family`, loaded ahead or now."""
+        if family not in self.ahead:
+            self._ahead(family, path)
+        slot, future = self.ahead.pop(family)
+        return (slot, *future.result())
+
+    def next(self, family: str, path: str) -> None:
+        """Start loading `family` on the slot the current family does not use."""
+        if family not in self.ahead:
+            self._ahead(family, path)
+
+    def _ahead(self, family: str, path: str) -> None:
+        slot = self.slots[self.turn]
+        self.turn = 1 - self.turn
+        self.ahead[family] = (slot, self.pool.submit(lambda: load(slot.ready(), path)))
+
+    def stop(self):
+        self.pool.shutdown(wait=True)
+        for slot in self.slots:
+            slot.stop()
+
+
 @pytest.fixture(scope="module")
 def server(log_dir, oracle):
-    s = Server(log_dir / "zoo-text.log")
+    s = Server(log_dir)
     yield s
     s.stop()
 
@@ -144,8 +189,8 @@ class Checks:
     """Each check's outcome; a failing check does not stop the others (the results file says
     everything that works). An INTERNAL error is said with the exception the server logged."""
 
-    def __init__(self, server):
-        self.server, self.since = server, server.log_size()
+    def __init__(self, slot):
+        self.slot, self.since = slot, slot.log_size()
         self.passed, self.failures = {}, []
 
     def run(self, name: str, check) -> None:
@@ -159,7 +204,7 @@ class Checks:
 
     def rpc_error(self, e) -> Why:
         said = f"{e.code().name}: {e.details()}"
-        logged = self.server.last_exception(self.since) if e.code() == grpc.StatusCode.INTERNAL else None
+        logged = self.slot.last_exception(self.since) if e.code() == grpc.StatusCode.INTERNAL else None
         return Why(f"{said} ({logged})" if logged else said)
 
     def reason(self) -> str:
@@ -213,10 +258,13 @@ def test_family_serves_the_library_output(family, zoo, oracle, server, results):
     if built.path is None:
         results.record(family, entry(built.status, built.reason))
         pytest.skip(f"{built.status}: {built.reason}")
+    slot, loaded, exit_code = server.take(family, built.path)
+    later = [f for f in FAMILIES[FAMILIES.index(family) + 1:] if zoo[f].path is not None]
+    if later:  # loads while this family's checks run
+        server.next(later[0], zoo[later[0]].path)
     answer = oracle(family) if built.status == "built" else {"error": built.reason}
-    backend = server.ready()
+    backend = slot.backend
     stub = backend.stub
-    loaded, exit_code = load(backend, built.path)
     loaded.message = loaded.message.replace(built.path, "<model dir>")  # no path of this machine in results
     if "error" in answer:
         lib = answer["error"] if built.status != "built" else f"mlx-lm's own generation fails: {answer['error']}"
@@ -226,7 +274,7 @@ def test_family_serves_the_library_output(family, zoo, oracle, server, results):
         pytest.fail(f"{family} refused at LoadModel: {loaded.message}")
     want = dict(zip("ABCX", answer["greedy"]))
     lane = lane_of(stub)
-    checks = Checks(server)
+    checks = Checks(slot)
 
     def alone():
         return differs(text(stub.Predict(opts(A, f"{family}-alone", spec=False), timeout=TIMEOUT)), want["A"])
@@ -258,7 +306,7 @@ def test_family_serves_the_library_output(family, zoo, oracle, server, results):
             return None  # exact is all this check asks where the batch's reuse rule does not apply
         shared = len(stub.TokenizeString(backend_pb2.PredictOptions(Prompt=A), timeout=30).tokens)
         expect = shared if want["A"]["trimmable"] else shared - 1
-        reused = cached_tokens(server.log_path, label)
+        reused = cached_tokens(slot.log_path, label)
         return None if reused == expect else f"{reused} prompt tokens from the cache, expected {expect}"
 
     def score():
