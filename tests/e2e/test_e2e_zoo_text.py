@@ -1,9 +1,10 @@
 """End-to-end: every text family the installed mlx-lm ships serves the library's own output.
 
-One tiny random-weight model per model_type (tests/zoo/text_builder.py), one server serving
-them in turn (LoadModel swaps), one oracle process computing mlx-lm's own answers for all of
-them while the server runs (family_oracle.py: `stream_generate`, a plain forward pass for
-Score, each comparison ending at the first step whose top-2 margin is under 1e-3). Per family:
+One tiny random-weight model per model_type (tests/zoo/text_builder.py), two servers taking
+them in turn (LoadModel swaps; one loads the next family while the other is checked), one
+oracle process computing mlx-lm's own answers for all of them while the servers run
+(family_oracle.py: `stream_generate`, a plain forward pass for Score, each comparison ending
+at the first step whose top-2 margin is under 1e-3). Per family:
 greedy alone (unary) equals the library, with speculation off and on; streamed equals it;
 three requests at once with prompts of different lengths each equal their alone answer; a
 prompt that extends an earlier one equals the library, served from the prefix cache (in the
@@ -33,9 +34,7 @@ from family_oracle import OracleStream, agrees, job
 from zoo import text_builder, text_families
 from zoo.results import Results, entry, results_dir
 
-# Not in `make test` yet: two families still fail it (docs/model-families.md says which and why);
-# `make families-doc` runs it.
-pytestmark = [pytest.mark.e2e, pytest.mark.zoo]
+pytestmark = pytest.mark.e2e
 
 TOKENS = 16
 A = "one two three one two three one two"
