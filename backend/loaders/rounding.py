@@ -1,9 +1,9 @@
 """How far float rounding alone moves a log-probability a loaded model computes (any thread).
 
 Two computations of the same thing that the library calls equal (a batched step and a single
-stream; a sequence in one pass and split in two) differ by rounding only: a logit near 32 (a
-confident step) rounds by 16 ulps of 1.0 in the model's float, and a reordered matmul may
-round it again. More than that apart, they compute something else.
+stream; a sequence in one pass and split in two) differ by rounding only: a logit in [32, 64)
+(a confident step) rounds by up to 16 ulps of 1.0 in the model's float, and a reordered matmul
+may round it again. More than that apart, they compute something else.
 """
 
 FLOOR = 1e-3  # float32's rounding (measured ~2e-6 here) is far under it; a near tie ends a comparison at it

@@ -6,7 +6,9 @@ however the sequence reaches it. mlx-lm's phi3small does not: its block-sparse l
 the causal mask as a boolean (+1 where allowed) and mask only whole 64-token blocks, so a
 position sees the later tokens of its pass. There the library's log-likelihood of a
 sequence is its one forward pass over it (what `model(tokens)` gives, and the same from an
-empty cache); Score runs each candidate so, prompt and candidate in one pass. Found by running one short sequence whole and split, kept with the model.
+empty cache); Score runs each candidate so, prompt and candidate in one pass. Found on the
+first Score by running one short sequence whole and split (two passes of 12 tokens), kept
+with the loaded model.
 """
 
 import mlx.core as mx
