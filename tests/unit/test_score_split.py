@@ -90,3 +90,19 @@ def test_scores_equal_the_models_one_pass(build, vocab, sensitive):
         assert lm.model.lengths == [len(f) for f in full]
     else:  # the prompt in chunks of 8, then the rows continuing its cache
         assert max(lm.model.lengths) <= 8
+
+
+def test_a_quantized_kv_cache_asked_for_is_no_split_sensitivity():
+    # Its 8-bit keys of earlier passes move log-probabilities by design: the model itself
+    # computes each position the same however the sequence is split, so Score keeps the
+    # prompt's cache (a whole pass per candidate took a 32-candidate Score from seconds to minutes).
+    from engine.kv.kv_rows import install
+    from loaders.adapt_options import KVSpec
+
+    mx.random.seed(0)
+    model = llama.Model(llama.ModelArgs(
+        model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=64, num_attention_heads=2,
+        rms_norm_eps=1e-5, vocab_size=300, num_key_value_heads=1))
+    mx.eval(model.parameters())
+    install(model, KVSpec(bits=8, group_size=32))
+    assert split_sensitive(LM(model, 300)) is False
