@@ -12,10 +12,14 @@ reference the batch is checked against. Decided from what the model does, never 
   through the batch, two prefilled together (the shorter one padded) and one joining them
   while they decode (lane_probe.py). The batch is kept when every request gives the solo
   lane's tokens, compared up to the first step whose top-2 margin is under MARGIN (there
-  float rounding alone may pick the other token). If it raises or differs, the batch is tried
-  once more with each prompt prefilled alone and merged only to decode, so no padding reaches
-  a recurrent state (mamba, jamba); a model with a recurrent state (an ArraysCache layer) is
-  never batched padded, checked prefilled alone from the start; if that differs too, solo;
+  float rounding alone may pick the other token), and their log-probabilities within what
+  rounding moves them by (loaders/rounding.py): a few probe tokens can agree while the batch
+  computes something else (afm7's shared-KV layers place their queries by the padded cache's
+  length, not the row's position: the same 3 tokens, log-probabilities 0.3 apart, other text
+  later). If it raises or differs, the batch is tried once more with each prompt prefilled
+  alone and merged only to decode, so no padding reaches a recurrent state (mamba, jamba); a
+  model with a recurrent state (an ArraysCache layer) is never batched padded, checked
+  prefilled alone from the start; if that differs too, solo;
 - then `trial` (on the engine thread, where requests run): one request through the chosen
   lane; a batch that fails it gives way to solo; a model failing in the solo lane too is refused.
 
@@ -30,7 +34,7 @@ import logging
 from typing import Callable, List, Optional
 
 from engine import lane_probe, lane_verdicts
-from loaders import cache_kinds
+from loaders import cache_kinds, rounding
 from loaders.loaded import Lane, ModelLoadError, materialize
 
 log = logging.getLogger("mlx-backend.engine")
@@ -84,7 +88,9 @@ def _checked(lm, config, probes: Callable[[], List], unmergeable: Optional[str])
 
     def batched(lane: Lane) -> Optional[str]:
         """How the lane differs from the reference: two arriving together, the third joining them."""
-        return differs(reference, outcomes(lane))
+        return differs(reference, outcomes(lane), allowed)
+
+    allowed = rounding.allowed(lm.model)
 
     first = probes()
     if not first:  # none could be prepared for this model (a context shorter than they are)
@@ -112,8 +118,10 @@ def _checked(lm, config, probes: Callable[[], List], unmergeable: Optional[str])
         materialize(lm.vision.vlm if lm.vision is not None else lm.model)
 
 
-def differs(reference: List[lane_probe.Outcome], got: List[lane_probe.Outcome]) -> Optional[str]:
-    """How `got` differs from the reference run of the same requests (None: it does not)."""
+def differs(reference: List[lane_probe.Outcome], got: List[lane_probe.Outcome],
+            allowed: float = MARGIN) -> Optional[str]:
+    """How `got` differs from the reference run of the same requests (None: it does not): another
+    token, or a log-probability further than `allowed` from the reference's."""
     for name, ref, out in zip(_NAMES, reference, got):
         if out.error:
             return f"fails request {name} ({out.error})"
@@ -122,6 +130,10 @@ def differs(reference: List[lane_probe.Outcome], got: List[lane_probe.Outcome]) 
                 break
             if i >= len(out.tokens) or out.tokens[i] != token:
                 return f"gives other tokens than the single stream (request {name}, token {i + 1})"
+            moved = abs(out.logprobs[i] - ref.logprobs[i])
+            if moved > allowed:
+                return (f"gives other log-probabilities than the single stream (request {name}, token {i + 1}: "
+                        f"{moved:.3g} apart, rounding allows {allowed:.3g})")
         else:
             if out.tokens[len(ref.tokens):] or out.finish != ref.finish:
                 return f"ends request {name} otherwise than the single stream"
