@@ -179,8 +179,9 @@ def _expand(lm, text: str, images: list, videos: List[str]) -> Tuple[List[int], 
     except Exception as e:  # the processor refused these items (size, shape, frame count)
         name = "Videos" if videos else "Images"
         raise OptionError(f"{name}: the model's processor refused them: {type(e).__name__}: {e}") from None
-    arrays = {k: np.array(v) for k, v in inputs.items()
-              if v is not None and k not in ("input_ids", "attention_mask") and hasattr(v, "shape")}
+    # The attention mask too: mlx-vlm's generation hands it to the model's embedding step (PaliGemma
+    # and Gemma 3 build their prefill mask from it).
+    arrays = {k: np.array(v) for k, v in inputs.items() if v is not None and k != "input_ids" and hasattr(v, "shape")}
     ids = np.array(inputs["input_ids"]).reshape(-1).tolist()
     return ids, arrays
 
