@@ -98,6 +98,19 @@ class MediaState:
         pass
 
 
+def run_layers(lm, inputs, cache, **kwargs):
+    """`lm` over `cache` (the layers' caches, then the MediaState), in place.
+
+    A language model may put a new cache object in a layer's place (Qwen 3.5 runs a one-row
+    batch as a plain row and merges the result back into the list it was given): it is
+    handed a list of the layers' caches and whatever it put there is written back, or the
+    next step would run on the cache as it was before this one."""
+    layers = cache[:-1]
+    out = lm(inputs, cache=layers, **kwargs)
+    cache[:-1] = layers
+    return out
+
+
 class DecodeModel:
     """The VLM's language model as mlx-lm's BatchGenerator calls it: tokens + cache -> logits."""
 
@@ -117,7 +130,7 @@ class DecodeModel:
 
         if self.mrope:
             kwargs["rope_deltas"] = mx.array(cache[-1].deltas, dtype=mx.int32)[:, None]
-        out = self.lm(inputs, cache=cache[:-1], **kwargs)
+        out = run_layers(self.lm, inputs, cache, **kwargs)
         return getattr(out, "logits", out)
 
     def parameters(self):

@@ -37,6 +37,7 @@ import mlx.core as mx
 from engine.lanes.batch import Capabilities
 from engine.lanes.sampling import SamplingParams
 from engine.lanes.text_batch import First, TextBatch, _argmax
+from loaders.vision_model import run_layers
 
 log = logging.getLogger("mlx-backend.vision")
 
@@ -131,7 +132,7 @@ class VisionBatch(TextBatch):
         """One prefill chunk; the first token (as a First) after the last one."""
         if not p.started:
             self._start(p)
-        lm, kv = self.lm.model.lm, p.cache[:-1]
+        lm = self.lm.model.lm
         n = len(p.prompt)
         start, end = p.at, min(p.at + self.prefill_step_size, n)
         kwargs = {}
@@ -140,10 +141,10 @@ class VisionBatch(TextBatch):
             kwargs.update(p.features)
         if p.positions is not None:
             kwargs["position_ids"] = p.positions[..., start:end]
-        out = lm(mx.array([p.prompt[start:end]]), cache=kv, **kwargs)
+        out = run_layers(lm, mx.array([p.prompt[start:end]]), p.cache, **kwargs)
         p.at = end
         if end < n:
-            mx.eval([c.state for c in kv])
+            mx.eval([c.state for c in p.cache[:-1]])
             return None
         logits = getattr(out, "logits", out)[:, -1, :]
         context = mx.array(p.prompt, dtype=mx.int32)
@@ -151,7 +152,7 @@ class VisionBatch(TextBatch):
             logits = proc(context, logits)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         token = (p.sampler or _argmax)(logprobs)
-        mx.eval(token, logprobs, [c.state for c in kv])
+        mx.eval(token, logprobs, [c.state for c in p.cache[:-1]])
         return self._first(p, int(token.item()), logprobs[0])
 
     def _first(self, p: _Prefill, token: int, logprobs) -> First:
