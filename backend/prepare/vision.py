@@ -143,6 +143,10 @@ def _chat_prompt(lm, spec: RequestSpec, tools, images: int, videos: int, templat
     try:
         messages = apply_chat_template(processor, lm.config, spec.chat_messages(),
                                        add_generation_prompt=True, return_messages=True, num_images=images)
+        if any(isinstance(m, str) for m in messages):
+            # A family prompted without a chat (PaliGemma): mlx-vlm's formatting makes each message
+            # its prompt text, and the prompt is the last one, as its own templating returns it.
+            return messages[-1]
         if videos:
             _add_videos(messages, videos)
         bound = spec.bounds
