@@ -131,7 +131,8 @@ def _raw_prompt(parts, text: str, image_hashes: List[int], video_hashes: List[in
     return text, [next(images) if k == "image" else next(videos) for _, k in sorted(found)]
 
 
-def _chat_prompt(lm, spec: RequestSpec, tools, images: int, videos: int, template_kwargs: Dict[str, Any]) -> str:
+def _chat_prompt(lm, spec: RequestSpec, tools, images: int, videos: List[str],
+                 template_kwargs: Dict[str, Any]) -> str:
     """mlx-vlm's chat templating places the images; videos go before the text of the same
     (last) user message, as its video formatting does."""
     from mlx_vlm.prompt_utils import apply_chat_template, get_chat_template
@@ -158,7 +159,7 @@ def _chat_prompt(lm, spec: RequestSpec, tools, images: int, videos: int, templat
         raise OptionError(f"Messages: the chat template failed: {type(e).__name__}: {e}") from None
 
 
-def _add_videos(messages: List[Dict[str, Any]], count: int) -> None:
+def _add_videos(messages: List[Dict[str, Any]], paths: List[str]) -> None:
     last = next((m for m in reversed(messages) if m.get("role") == "user"), None)
     if last is None:
         raise OptionError("Videos: there is no user message to hold them")
@@ -167,7 +168,9 @@ def _add_videos(messages: List[Dict[str, Any]], count: int) -> None:
         content = [{"type": "text", "text": content}]
     media = [c for c in content if c.get("type") != "text"]
     text = [c for c in content if c.get("type") == "text"]
-    last["content"] = media + [{"type": "video"}] * count + text
+    # Each with its file, as mlx-vlm's video formatting writes it: a processor that renders the
+    # chat itself (Gemma 4's) keeps only the videos it can find.
+    last["content"] = media + [{"type": "video", "video": path} for path in paths] + text
 
 
 def _expand(lm, text: str, images: list, videos: List[str]) -> Tuple[List[int], Dict[str, np.ndarray]]:
@@ -208,7 +211,7 @@ def vision_prompt(lm, opts, tools, template_kwargs) -> Optional[Tuple[str, List[
         images = [decode_image(f"Images[{i}]", img) for i, img in enumerate(opened)]
         _check_videos_decode(videos)
         if use_template:
-            text = _chat_prompt(lm, spec, tools, len(images), len(videos), template_kwargs)
+            text = _chat_prompt(lm, spec, tools, len(images), videos, template_kwargs)
             hashes += video_hashes  # the order they take in the rendered message
         else:
             text, hashes = _raw_prompt(parts, spec.prompt, hashes, video_hashes)
