@@ -173,15 +173,6 @@ def _image_block(processor, tokenizer) -> str:
     return token
 
 
-# Families whose prompts with images mlx-vlm prefills in a way the batch does not reproduce:
-# serving them would give other text than the library, so they are refused at load.
-NOT_EXACT = {
-    "gemma3": "mlx-vlm prefills a Gemma 3 prompt with images under its own 4-D attention mask "
-              "(built from the processor's attention mask), which this server's batched, causal "
-              "prefill does not apply: its text would differ from mlx-vlm's",
-}
-
-
 def _check_processor(parts: "VisionParts") -> Optional[str]:
     """Why this family's processor cannot prepare an image here (None: it can).
 
@@ -250,9 +241,6 @@ def load_vision(spec, source: str, started: float):
     if parts.takes_video:
         parts.video_block = _image_block(processor, tokenizer).replace(
             getattr(processor, "image_token", "<image>"), getattr(processor, "video_token", "<video>"))
-    if parts.model_type in NOT_EXACT:
-        raise ModelLoadError(f"{source}: {parts.model_type} vision models are not served here: "
-                             f"{NOT_EXACT[parts.model_type]}")
     broken = _check_processor(parts)
     if broken:
         raise ModelLoadError(f"{source}: {parts.model_type} images cannot be prepared here (mlx-vlm's "
