@@ -173,27 +173,40 @@ def _image_block(processor, tokenizer) -> str:
     return token
 
 
-def _check_processor(parts: "VisionParts") -> Optional[str]:
-    """Why this family's processor cannot prepare an image here (None: it can).
-
-    Run once at load, the way a request runs it: a family whose processor fails
-    on every image (mlx-vlm 0.7.10's LLaVA processor hands text options to the
-    image processor, which transformers 5 refuses) is refused at LoadModel with
-    that reason, not on every request."""
+def _test_image_inputs(parts: "VisionParts"):
+    """A chat turn with one test image, prepared as a request's is: mlx-vlm's processor's inputs."""
     from PIL import Image
     from mlx_vlm.prompt_utils import apply_chat_template
     from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
 
+    # As mlx-vlm writes the turn (Gemma 3 marks images with its begin-of-image token, not the
+    # image token the processor expands).
+    prompt = apply_chat_template(parts.processor, parts.vlm.config, "?", num_images=1)
+    return prepare_inputs(parts.processor, images=[Image.new("RGB", (64, 64), (128, 128, 128))], prompts=prompt,
+                          image_token_index=getattr(parts.vlm.config, "image_token_index", None),
+                          add_special_tokens=should_add_special_tokens(parts.model_type, parts.processor))
+
+
+def _unservable(parts: "VisionParts") -> Optional[str]:
+    """Why this family's images cannot be served here (None: they can), found once at load
+    on a test image, the way a request runs, rather than on every request:
+    - its processor fails (mlx-vlm 0.7.10's LLaVA processor hands text options to the image
+      processor, which transformers 5 refuses);
+    - its embedding step returns more or fewer positions than the prompt has tokens
+      (mlx-vlm's LLaVA-NeXT puts all of an image's features at the first of the image tokens
+      the processor wrote, and the rest after them): mlx-vlm's generation prefills the
+      embeddings' positions, while the batch places and caches a request by its tokens."""
     try:
-        # A chat turn with one image, as mlx-vlm writes it (Gemma 3 marks images with its
-        # begin-of-image token, not the image token the processor expands).
-        prompt = apply_chat_template(parts.processor, parts.vlm.config, "?", num_images=1)
-        prepare_inputs(parts.processor, images=[Image.new("RGB", (64, 64), (128, 128, 128))],
-                       prompts=prompt,
-                       image_token_index=getattr(parts.vlm.config, "image_token_index", None),
-                       add_special_tokens=should_add_special_tokens(parts.model_type, parts.processor))
+        inputs = _test_image_inputs(parts)
     except Exception as e:
-        return f"{type(e).__name__}: {e}"
+        return f"mlx-vlm's processor for this family fails on a test image: {type(e).__name__}: {e}"
+    ids = inputs["input_ids"]
+    rest = {k: v for k, v in inputs.items() if k not in ("input_ids", "pixel_values", "attention_mask")}
+    embeds = parts.vlm.get_input_embeddings(ids, inputs.get("pixel_values"), mask=inputs.get("attention_mask"),
+                                            **rest).inputs_embeds
+    if embeds.shape[1] != ids.shape[1]:
+        return (f"its embedding step makes {embeds.shape[1]} positions of a {ids.shape[1]}-token prompt with an "
+                f"image: mlx-vlm prefills those positions, this server's batch the prompt's tokens")
     return None
 
 
@@ -241,10 +254,9 @@ def load_vision(spec, source: str, started: float):
     if parts.takes_video:
         parts.video_block = _image_block(processor, tokenizer).replace(
             getattr(processor, "image_token", "<image>"), getattr(processor, "video_token", "<video>"))
-    broken = _check_processor(parts)
+    broken = _unservable(parts)
     if broken:
-        raise ModelLoadError(f"{source}: {parts.model_type} images cannot be prepared here (mlx-vlm's "
-                             f"processor for this family fails on a test image: {broken})")
+        raise ModelLoadError(f"{source}: {parts.model_type} images cannot be served here: {broken}")
     ctx = spec.context_size or int(config.get("max_position_embeddings")
                                    or config.get("text_config", {}).get("max_position_embeddings") or 4096)
     mx.clear_cache()
