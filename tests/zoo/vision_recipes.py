@@ -401,3 +401,73 @@ _add("gemma4", Recipe(
                                       # 70 soft tokens a frame: the fewest its video processor allows
                                       "video_processor": {"patch_size": 14, "max_soft_tokens": 70,
                                                           "pooling_kernel_size": 2, "num_frames": 2}}}))
+
+
+# ---- Idefics2: SigLIP-like tower, a perceiver resampler to a fixed number of latents, a Mistral text model
+
+def _idefics2(m, ids, vocab):
+    return {"model_type": "idefics2", "architectures": ["Idefics2ForConditionalGeneration"],
+            "text_config": shrink(m.TextConfig, model_type="mistral", vocab_size=vocab),
+            "vision_config": shrink(m.VisionConfig, model_type="idefics2", patch_size=14, image_size=56),
+            "perceiver_config": {"model_type": "idefics2Perceiver", "num_key_value_heads": 1, "resampler_depth": 1,
+                                 "resampler_head_dim": 16, "resampler_n_heads": 2, "resampler_n_latents": 4},
+            "image_token_id": ids["<image>"], "vocab_size": vocab, "eos_token_id": [ids["<end_of_utterance>"]]}
+
+
+_add("idefics2", Recipe(
+    specials=["<|endoftext|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>"],
+    eos="<end_of_utterance>", template=IDEFICS3_TEMPLATE, config=_idefics2,
+    files={"preprocessor_config.json": {
+        "image_processor_type": "Idefics2ImageProcessor", "processor_class": "Idefics2Processor", "do_resize": True,
+        "size": {"shortest_edge": 56, "longest_edge": 56}, "do_image_splitting": False, "do_rescale": True,
+        "do_normalize": True, "do_convert_rgb": True, "do_pad": True, "image_mean": [0.5] * 3,
+        "image_std": [0.5] * 3, "resample": 2},
+        "processor_config.json": {"processor_class": "Idefics2Processor", "image_seq_len": 4}}))
+
+
+# ---- LLaVA-NeXT: LLaVA with any-resolution tiles
+
+def _llava_next(m, ids, vocab):
+    return {**_llava(m, ids, vocab), "model_type": "llava_next", "architectures": ["LlavaNextForConditionalGeneration"],
+            "image_grid_pinpoints": [[56, 56], [56, 112], [112, 56]]}
+
+
+_add("llava_next", Recipe(
+    specials=["<|endoftext|>", "<|im_end|>", "<image>"], eos="<|im_end|>", template=LLAVA_TEMPLATE,
+    config=_llava_next,
+    files={"preprocessor_config.json": {
+        "image_processor_type": "LlavaNextImageProcessor", "processor_class": "LlavaNextProcessor",
+        "size": {"shortest_edge": 56}, "crop_size": {"height": 56, "width": 56},
+        "image_grid_pinpoints": [[56, 56], [56, 112], [112, 56]], "do_resize": True, "do_center_crop": True,
+        "do_rescale": True, "do_normalize": True, "do_convert_rgb": True, "do_pad": True, "image_mean": CLIP_MEAN,
+        "image_std": CLIP_STD, "resample": 3},
+        "processor_config.json": {"processor_class": "LlavaNextProcessor", "patch_size": 14, "image_token": "<image>",
+                                  "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1}}))
+
+
+# ---- Llama 3.2 Vision (mllama): tiled images, text layers cross-attending to the image
+
+MLLAMA_SPECIALS = ["<|finetune_right_pad_id|>", "<|eot_id|>", "<|begin_of_text|>", "<|start_header_id|>",
+                   "<|end_header_id|>", "<|image|>"]
+
+
+def _mllama(m, ids, vocab):
+    vision = dict(image_size=28, patch_size=14, hidden_size=WIDTH, intermediate_size=2 * WIDTH, num_hidden_layers=2,
+                  num_attention_heads=2, max_num_tiles=1, max_aspect_ratio_id=1, num_global_layers=1,
+                  intermediate_layers_indices=[0], vision_output_dim=2 * WIDTH, supported_aspect_ratios=[[1, 1]])
+    return {"model_type": "mllama", "architectures": ["MllamaForConditionalGeneration"],
+            "text_config": shrink(m.TextConfig, model_type="mllama", vocab_size=vocab, cross_attention_layers=[1],
+                                  num_hidden_layers=3),
+            "vision_config": vision, "image_token_index": ids["<|image|>"], "vocab_size": vocab,
+            "eos_token_id": [ids["<|eot_id|>"]]}
+
+
+_add("mllama", Recipe(
+    specials=MLLAMA_SPECIALS, eos="<|eot_id|>", config=_mllama, named={"bos_token": "<|begin_of_text|>"},
+    template=_turns("{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}", "<|image|>",
+                    "<|eot_id|>", "<|start_header_id|>assistant<|end_header_id|>\\n\\n", start="{{ bos_token }}"),
+    files={"preprocessor_config.json": {
+        "image_processor_type": "MllamaImageProcessor", "processor_class": "MllamaProcessor",
+        "size": {"height": 28, "width": 28}, "max_image_tiles": 1, "do_resize": True, "do_rescale": True,
+        "do_normalize": True, "do_convert_rgb": True, "do_pad": True, "image_mean": CLIP_MEAN,
+        "image_std": CLIP_STD, "resample": 2}}))
