@@ -202,8 +202,11 @@ def _unservable(parts: "VisionParts") -> Optional[str]:
         return f"mlx-vlm's processor for this family fails on a test image: {type(e).__name__}: {e}"
     ids = inputs["input_ids"]
     rest = {k: v for k, v in inputs.items() if k not in ("input_ids", "pixel_values", "attention_mask")}
-    embeds = parts.vlm.get_input_embeddings(ids, inputs.get("pixel_values"), mask=inputs.get("attention_mask"),
-                                            **rest).inputs_embeds
+    try:
+        embeds = parts.vlm.get_input_embeddings(ids, inputs.get("pixel_values"), mask=inputs.get("attention_mask"),
+                                                **rest).inputs_embeds
+    except Exception as e:
+        return f"mlx-vlm's embedding step fails on a test image: {type(e).__name__}: {e}"
     if embeds.shape[1] != ids.shape[1]:
         return (f"its embedding step makes {embeds.shape[1]} positions of a {ids.shape[1]}-token prompt with an "
                 f"image: mlx-vlm prefills those positions, this server's batch the prompt's tokens")
