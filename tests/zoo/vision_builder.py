@@ -159,11 +159,15 @@ def build(family: str, root: Path = None) -> str:
         if not (target / "model.safetensors").exists():
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
-            tok = _tokens(recipe, tmp)
-            (tmp / "config.json").write_text(json.dumps(config, indent=1))
-            for name, content in recipe.files.items():
-                (tmp / name).write_text(json.dumps(content, indent=1))
-            mx.save_safetensors(str(tmp / "model.safetensors"), conditioned(family, recipe, config, tok))
+            try:
+                tok = _tokens(recipe, tmp)
+                (tmp / "config.json").write_text(json.dumps(config, indent=1))
+                for name, content in recipe.files.items():
+                    (tmp / name).write_text(json.dumps(content, indent=1))
+                mx.save_safetensors(str(tmp / "model.safetensors"), conditioned(family, recipe, config, tok))
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)  # nothing half-built is left in the cache folder
+                raise
             shutil.rmtree(target, ignore_errors=True)
             tmp.rename(target)
     return str(target)

@@ -56,6 +56,8 @@ NOT_BUILT = {
     "video_depth_anything": _NOT_TEXT.format("depth estimation"),
     "d1": _NOT_TEXT.format("decisions (a readout over LFM2-VL)"),
     "d1_omni": _NOT_TEXT.format("yes/no decisions"),
+    # Processors whose token ids are fixed in their code, past what a tiny vocabulary holds.
+    "dots_ocr": "its processor fixes the image token's id at 151665: a tiny vocabulary cannot hold it",
     # Text by diffusion: no token-by-token generation for a batch or a stream to reproduce.
     "diffusion_gemma": "generates text by diffusion, not one token a step: nothing this server runs",
 }

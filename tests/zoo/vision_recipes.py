@@ -471,3 +471,55 @@ _add("mllama", Recipe(
         "size": {"height": 28, "width": 28}, "max_image_tiles": 1, "do_resize": True, "do_rescale": True,
         "do_normalize": True, "do_convert_rgb": True, "do_pad": True, "image_mean": CLIP_MEAN,
         "image_std": CLIP_STD, "resample": 2}}))
+
+
+# ---- GLM-OCR: the GLM-4V layout, its own token names
+
+def _glm_ocr(m, ids, vocab):
+    return {"model_type": "glm_ocr",
+            "text_config": shrink(m.TextConfig, model_type="glm_ocr_text", vocab_size=vocab, num_nextn_predict_layers=0,
+                                  rope_parameters={"rope_type": "default", "mrope_section": [4, 2, 2],
+                                                   "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+                                  eos_token_id=[ids["<|endoftext|>"], ids["<|user|>"]], pad_token_id=ids["<|endoftext|>"],
+                                  dtype="float32"),
+            "vision_config": shrink(m.VisionConfig, model_type="glm_ocr_vision", patch_size=14, image_size=56,
+                                    spatial_merge_size=2, temporal_patch_size=2),
+            "image_token_id": ids["<|image|>"], "video_token_id": ids["<|video|>"],
+            "image_start_token_id": ids["<|begin_of_image|>"], "image_end_token_id": ids["<|end_of_image|>"],
+            "video_start_token_id": ids["<|begin_of_video|>"], "video_end_token_id": ids["<|end_of_video|>"],
+            "vocab_size": vocab, "hidden_size": WIDTH, "pad_token_id": ids["<|endoftext|>"],
+            "eos_token_id": [ids["<|endoftext|>"], ids["<|user|>"]]}
+
+
+_add("glm_ocr", Recipe(specials=GLM_SPECIALS, eos="<|endoftext|>", template=GLM_TEMPLATE, config=_glm_ocr,
+                       files={"preprocessor_config.json": {**GLM_FILES["preprocessor_config.json"],
+                                                           "min_pixels": 4 * 28 * 28, "max_pixels": 64 * 28 * 28}}))
+
+
+# ---- PaddleOCR-VL: a NaViT-style tower, Qwen-like positions, an ERNIE text model
+
+PADDLE_SPECIALS = ["<|endoftext|>", "<|end_of_sentence|>", "<|IMAGE_START|>", "<|IMAGE_END|>", "<|IMAGE_PLACEHOLDER|>",
+                   "<|VIDEO_PLACEHOLDER|>", "User:", "Assistant:"]
+
+
+def _paddle(m, ids, vocab):
+    # Text parameters at the top level, where its config reads them; 1024 wide, the width its
+    # vision projector writes whatever the config says (narrow heads and MLP keep it small).
+    return {**shrink(m.TextConfig, model_type="paddleocr_vl", vocab_size=vocab, head_dim=16, use_bias=False,
+                     hidden_size=1024,
+                     hidden_act="silu", rope_scaling={"type": "default", "mrope_section": [4, 2, 2]},
+                     pad_token_id=ids["<|endoftext|>"], bos_token_id=ids["<|endoftext|>"]),
+            "vision_config": shrink(m.VisionConfig, model_type="paddleocr_vl", patch_size=14, image_size=56),
+            "image_token_id": ids["<|IMAGE_PLACEHOLDER|>"], "video_token_id": ids["<|VIDEO_PLACEHOLDER|>"],
+            "vision_start_token_id": ids["<|IMAGE_START|>"], "vision_end_token_id": ids["<|IMAGE_END|>"],
+            "vocab_size": vocab, "eos_token_id": ids["<|end_of_sentence|>"]}
+
+
+_add("paddleocr_vl", Recipe(
+    specials=PADDLE_SPECIALS, eos="<|end_of_sentence|>", config=_paddle,
+    template=_turns("{{ message['role'].capitalize() + ': ' }}",
+                    "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>", "\\n", "Assistant: "),
+    files={"preprocessor_config.json": {"min_pixels": 4 * 28 * 28, "max_pixels": 64 * 28 * 28, "patch_size": 14,
+                                        "temporal_patch_size": 1, "merge_size": 2, "image_mean": [0.5] * 3,
+                                        "image_std": [0.5] * 3, "do_resize": True, "do_rescale": True,
+                                        "do_normalize": True, "do_convert_rgb": True}}))
