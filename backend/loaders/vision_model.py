@@ -187,29 +187,45 @@ def _test_image_inputs(parts: "VisionParts"):
                           add_special_tokens=should_add_special_tokens(parts.model_type, parts.processor))
 
 
-def _unservable(parts: "VisionParts") -> Optional[str]:
-    """Why this family's images cannot be served here (None: they can), found once at load
-    on a test image, the way a request runs, rather than on every request:
-    - its processor fails (mlx-vlm 0.7.10's LLaVA processor hands text options to the image
-      processor, which transformers 5 refuses);
-    - its embedding step returns more or fewer positions than the prompt has tokens
-      (mlx-vlm's LLaVA-NeXT puts all of an image's features at the first of the image tokens
-      the processor wrote, and the rest after them): mlx-vlm's generation prefills the
-      embeddings' positions, while the batch places and caches a request by its tokens."""
+def _embedded_test_image(parts: "VisionParts"):
+    """(prompt ids, the embedding step's outputs) for a test image, as a request's prefill gets
+    them; ModelLoadError where the library itself fails (mlx-vlm 0.7.10's LLaVA processor hands
+    text options to the image processor, which transformers 5 refuses): refused at load, not
+    on every request."""
+    from loaders.loaded import ModelLoadError
+
     try:
         inputs = _test_image_inputs(parts)
     except Exception as e:
-        return f"mlx-vlm's processor for this family fails on a test image: {type(e).__name__}: {e}"
+        raise ModelLoadError(f"mlx-vlm's processor for this family fails on a test image: "
+                             f"{type(e).__name__}: {e}") from None
     ids = inputs["input_ids"]
     rest = {k: v for k, v in inputs.items() if k not in ("input_ids", "pixel_values", "attention_mask")}
     try:
-        embeds = parts.vlm.get_input_embeddings(ids, inputs.get("pixel_values"), mask=inputs.get("attention_mask"),
-                                                **rest).inputs_embeds
+        return ids, parts.vlm.get_input_embeddings(ids, inputs.get("pixel_values"),
+                                                   mask=inputs.get("attention_mask"), **rest)
     except Exception as e:
-        return f"mlx-vlm's embedding step fails on a test image: {type(e).__name__}: {e}"
-    if embeds.shape[1] != ids.shape[1]:
-        return (f"its embedding step makes {embeds.shape[1]} positions of a {ids.shape[1]}-token prompt with an "
-                f"image: mlx-vlm prefills those positions, this server's batch the prompt's tokens")
+        raise ModelLoadError(f"mlx-vlm's embedding step fails on a test image: {type(e).__name__}: {e}") from None
+
+
+def batch_obstacle(ids, features) -> Optional[str]:
+    """Why the batch cannot give mlx-vlm's text for this family (None: it can), from a test
+    image's prompt ids and embedding-step outputs. mlx-vlm's own generation step (a solo
+    lane) serves such a family; the batch does not:
+    - embeddings longer or shorter than the prompt (mlx-vlm's LLaVA-NeXT puts all of an
+      image's features at the first of the image tokens its processor wrote, and keeps the
+      rest): mlx-vlm prefills the embeddings' positions, the batch places and caches a
+      request by its tokens;
+    - image states the text layers cross-attend to at every decode step (Llama 3.2 Vision),
+      or a decoder's own inputs beside the encoder's (encoder-decoder families): mlx-vlm
+      hands them to each step, the batch's decode has no per-request place for them."""
+    if features.inputs_embeds.shape[1] != ids.shape[1]:
+        return (f"its embedding step makes {features.inputs_embeds.shape[1]} positions of a {ids.shape[1]}-token "
+                f"prompt with an image: mlx-vlm prefills those positions, the batch the prompt's tokens")
+    for name in ("cross_attention_states", "decoder_inputs_embeds"):
+        if getattr(features, name, None) is not None:
+            return (f"its language model reads the image's {name} at every decode step, as mlx-vlm's own "
+                    f"generation hands them over; the batch's decode has no per-request place for them")
     return None
 
 
@@ -257,9 +273,12 @@ def load_vision(spec, source: str, started: float):
     if parts.takes_video:
         parts.video_block = _image_block(processor, tokenizer).replace(
             getattr(processor, "image_token", "<image>"), getattr(processor, "video_token", "<video>"))
-    broken = _unservable(parts)
-    if broken:
-        raise ModelLoadError(f"{source}: {parts.model_type} images cannot be served here: {broken}")
+    try:
+        obstacle = batch_obstacle(*_embedded_test_image(parts))
+    except ModelLoadError as e:
+        raise ModelLoadError(f"{source}: {parts.model_type} images cannot be served here: {e}") from None
+    if obstacle:  # until a lane without the batch serves it: refused, not silently other text
+        raise ModelLoadError(f"{source}: {parts.model_type} images are not served here: {obstacle}")
     ctx = spec.context_size or int(config.get("max_position_embeddings")
                                    or config.get("text_config", {}).get("max_position_embeddings") or 4096)
     mx.clear_cache()
