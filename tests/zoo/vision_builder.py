@@ -35,7 +35,7 @@ from vision_fixture import train_tokenizer  # noqa: E402
 
 from zoo.vision_recipes import RECIPES, Recipe, module_of  # noqa: E402
 
-BUILD_VERSION = 2  # bump when the weights recipe below changes
+BUILD_VERSION = 3  # bump when the weights recipe below changes
 LOGIT_STD = 3.0  # greedy's margins are then mostly tenths, far above batching noise
 DAMP = 0.01  # what the rows of special tokens keep in the output head
 PROBE = "The quick brown fox jumps over the lazy dog."
@@ -100,12 +100,16 @@ def _final_norm(weights: Dict[str, object]):
 
 
 def _varied(w):
-    """`w`, or random values of the usual scale where the library initialises a matrix to one
-    constant a checkpoint would overwrite (Gemma 3's image projection, position tables, MoE
-    router gates): left constant, the image would not reach the text, or routing would tie."""
+    """`w`, or what a checkpoint would put there instead of the library's constant start:
+    random values of the usual scale for a matrix (Gemma 3's image projection, position
+    tables, MoE router gates: left constant, the image would not reach the text, or routing
+    would tie), 1 for a scalar gate at 0 (Llama 3.2 Vision's cross-attention gates: closed,
+    the text never sees the image)."""
     import mlx.core as mx
 
-    if w.size > 1 and float(mx.std(w.astype(mx.float32)).item()) == 0.0:
+    if w.size == 1 and float(w.item()) == 0.0:
+        return mx.ones_like(w)
+    if w.ndim >= 2 and w.size > 1 and float(mx.std(w.astype(mx.float32)).item()) == 0.0:
         return (mx.random.normal(w.shape) * w.shape[-1] ** -0.5).astype(w.dtype)
     return w
 
@@ -118,8 +122,9 @@ def conditioned(family: str, recipe: Recipe, config: dict, tok) -> Dict[str, obj
 
     mx.random.seed(int(hashlib.sha256(family.encode()).hexdigest()[:8], 16))
     model = _model(config)
-    weights = {k: _varied(v) * recipe.scale if v.ndim >= 2 and not any(u in k for u in recipe.unscaled) else v
-               for k, v in tree_flatten(model.parameters())}
+    weights = {k: _varied(v) for k, v in tree_flatten(model.parameters())}
+    weights = {k: v * recipe.scale if v.ndim >= 2 and not any(u in k for u in recipe.unscaled) else v
+               for k, v in weights.items()}
     model.load_weights(list(weights.items()))
     vocab = len(tok)
     head, tied = _head(weights, vocab)

@@ -452,9 +452,10 @@ MLLAMA_SPECIALS = ["<|finetune_right_pad_id|>", "<|eot_id|>", "<|begin_of_text|>
 
 
 def _mllama(m, ids, vocab):
+    # Up to 4 tiles of 2 x 2 patches (the library's default tiling, on 28-pixel tiles).
     vision = dict(image_size=28, patch_size=14, hidden_size=WIDTH, intermediate_size=2 * WIDTH, num_hidden_layers=2,
-                  num_attention_heads=2, max_num_tiles=1, max_aspect_ratio_id=1, num_global_layers=1,
-                  intermediate_layers_indices=[0], vision_output_dim=2 * WIDTH, supported_aspect_ratios=[[1, 1]])
+                  num_attention_heads=2, num_global_layers=1, intermediate_layers_indices=[0],
+                  vision_output_dim=2 * WIDTH)
     return {"model_type": "mllama", "architectures": ["MllamaForConditionalGeneration"],
             "text_config": shrink(m.TextConfig, model_type="mllama", vocab_size=vocab, cross_attention_layers=[1],
                                   num_hidden_layers=3),
@@ -468,7 +469,7 @@ _add("mllama", Recipe(
                     "<|eot_id|>", "<|start_header_id|>assistant<|end_header_id|>\\n\\n", start="{{ bos_token }}"),
     files={"preprocessor_config.json": {
         "image_processor_type": "MllamaImageProcessor", "processor_class": "MllamaProcessor",
-        "size": {"height": 28, "width": 28}, "max_image_tiles": 1, "do_resize": True, "do_rescale": True,
+        "size": {"height": 28, "width": 28}, "max_image_tiles": 4, "do_resize": True, "do_rescale": True,
         "do_normalize": True, "do_convert_rgb": True, "do_pad": True, "image_mean": CLIP_MEAN,
         "image_std": CLIP_STD, "resample": 2}}))
 
