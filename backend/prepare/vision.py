@@ -186,8 +186,8 @@ def _expand(lm, text: str, images: list, videos: List[str]) -> Tuple[List[int], 
     except Exception as e:  # the processor refused these items (size, shape, frame count)
         name = "Videos" if videos else "Images"
         raise OptionError(f"{name}: the model's processor refused them: {type(e).__name__}: {e}") from None
-    # The attention mask too: mlx-vlm's generation hands it to the model's embedding step (PaliGemma
-    # and Gemma 3 build their prefill mask from it).
+    # The attention mask too: mlx-vlm's generation hands it to the model's embedding step (PaliGemma's
+    # and Gemma 3's build a 4-D mask from it and fail without one).
     arrays = {k: np.array(v) for k, v in inputs.items() if v is not None and k != "input_ids" and hasattr(v, "shape")}
     ids = np.array(inputs["input_ids"]).reshape(-1).tolist()
     return ids, arrays
