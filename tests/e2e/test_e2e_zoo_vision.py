@@ -10,7 +10,7 @@ answer; the same request again (its prompt now cached) gives it once more ("pref
 it came from the prefix cache); a video, where
 the library takes one for the family, gives the library's tokens. A family whose library
 generation fails here must be refused at LoadModel. Each family is one case;
-the results go to vision.json (in $ZOO_RESULTS_DIR, else this run's temporary folder),
+the results go to vision.json (in $ZOO_RESULTS_DIR, else zoo/ in this run's temporary folder),
 written even when cases fail. `FAMILIES=a,b` runs only those.
 """
 
@@ -44,7 +44,8 @@ def zoo(tmp_path_factory):
     """{family: its model directory} for the families built here, and the oracle's answers."""
     paths = {f: vision_builder.build(f) for f in WANTED if f in vision_builder.RECIPES}
     oracle = start([job(p, QUESTION, PICTURES, N, video=VIDEO) for p in paths.values()])
-    folder = os.environ.get("ZOO_RESULTS_DIR") or str(tmp_path_factory.mktemp("zoo"))
+    # Beside the text matrix's text.json: the one folder the families document is made from.
+    folder = os.environ.get("ZOO_RESULTS_DIR") or str(tmp_path_factory.getbasetemp() / "zoo")
     results = Results(os.path.join(folder, "vision.json"))
     yield paths, lambda family: oracle.result()[list(paths).index(family)], results
     results.write()
