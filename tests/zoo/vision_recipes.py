@@ -288,19 +288,27 @@ GLM_TEMPLATE = _turns("{{ '<|' + message['role'] + '|>\\n' }}", "<|begin_of_imag
                       "<|assistant|>\\n", start="[gMASK]<sop>")
 
 
+def _glm_shared(m, vision_type: str, ids, vocab) -> dict:
+    """What the GLM-4V and GLM-OCR configs share: the vision tower and most token ids."""
+    return {"vision_config": shrink(m.VisionConfig, model_type=vision_type, patch_size=14, image_size=56,
+                                    spatial_merge_size=2, temporal_patch_size=2),
+            "image_token_id": ids["<|image|>"], "video_token_id": ids["<|video|>"], "vocab_size": vocab,
+            "hidden_size": WIDTH, "pad_token_id": ids["<|endoftext|>"], "eos_token_id": _glm_eos(ids)}
+
+
+def _glm_eos(ids) -> list:
+    return [ids["<|endoftext|>"], ids["<|user|>"]]
+
+
 def _glm(family: str, text: dict) -> Callable:
     def config(m, ids, vocab):
         return {"model_type": family,
                 "text_config": shrink(m.TextConfig, model_type=family, vocab_size=vocab, partial_rotary_factor=0.5,
                                       rope_scaling={"rope_type": "default", "mrope_section": [2, 1, 1]},
-                                      eos_token_id=[ids["<|endoftext|>"], ids["<|user|>"]], **text),
-                "vision_config": shrink(m.VisionConfig, model_type=family, patch_size=14, image_size=56,
-                                        spatial_merge_size=2, temporal_patch_size=2),
-                "image_token_id": ids["<|image|>"], "image_token_index": ids["<|image|>"],
-                "video_token_id": ids["<|video|>"], "video_token_index": ids["<|video|>"],
-                "vision_start_token_id": ids["<|begin_of_image|>"], "vision_end_token_id": ids["<|end_of_image|>"],
-                "vocab_size": vocab, "hidden_size": WIDTH, "pad_token_id": ids["<|endoftext|>"],
-                "eos_token_id": [ids["<|endoftext|>"], ids["<|user|>"]]}
+                                      eos_token_id=_glm_eos(ids), **text),
+                **_glm_shared(m, family, ids, vocab),
+                "image_token_index": ids["<|image|>"], "video_token_index": ids["<|video|>"],
+                "vision_start_token_id": ids["<|begin_of_image|>"], "vision_end_token_id": ids["<|end_of_image|>"]}
     return config
 
 
@@ -481,15 +489,10 @@ def _glm_ocr(m, ids, vocab):
             "text_config": shrink(m.TextConfig, model_type="glm_ocr_text", vocab_size=vocab, num_nextn_predict_layers=0,
                                   rope_parameters={"rope_type": "default", "mrope_section": [4, 2, 2],
                                                    "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
-                                  eos_token_id=[ids["<|endoftext|>"], ids["<|user|>"]], pad_token_id=ids["<|endoftext|>"],
-                                  dtype="float32"),
-            "vision_config": shrink(m.VisionConfig, model_type="glm_ocr_vision", patch_size=14, image_size=56,
-                                    spatial_merge_size=2, temporal_patch_size=2),
-            "image_token_id": ids["<|image|>"], "video_token_id": ids["<|video|>"],
+                                  eos_token_id=_glm_eos(ids), pad_token_id=ids["<|endoftext|>"], dtype="float32"),
+            **_glm_shared(m, "glm_ocr_vision", ids, vocab),
             "image_start_token_id": ids["<|begin_of_image|>"], "image_end_token_id": ids["<|end_of_image|>"],
-            "video_start_token_id": ids["<|begin_of_video|>"], "video_end_token_id": ids["<|end_of_video|>"],
-            "vocab_size": vocab, "hidden_size": WIDTH, "pad_token_id": ids["<|endoftext|>"],
-            "eos_token_id": [ids["<|endoftext|>"], ids["<|user|>"]]}
+            "video_start_token_id": ids["<|begin_of_video|>"], "video_end_token_id": ids["<|end_of_video|>"]}
 
 
 _add("glm_ocr", Recipe(specials=GLM_SPECIALS, eos="<|endoftext|>", template=GLM_TEMPLATE, config=_glm_ocr,
