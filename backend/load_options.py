@@ -116,6 +116,8 @@ TABLE = (
     Option("kv_bits", choice(0, 2, 3, 4, 5, 6, 8), 0, "quantized KV cache bits (0: off)"),
     Option("kv_group_size", choice(32, 64, 128), 64, "quantized KV cache group size"),
     Option("fast_gelu", boolean(), True, "tanh GELU in encoders on the CPU"),
+    Option("lane", choice("auto", "batch", "solo"), "auto",
+           "which lane generates (auto: by the model's caches and a check at load)"),
     # Scheduling and memory
     Option("max_sequences", integer(1, 1024), 8, "sequences decoded together"),
     Option("prefill_step_size", integer(0, 1 << 16), 0, "prompt tokens per prefill chunk (0: by device)"),

@@ -9,6 +9,7 @@ loop never runs MLX or blocks; the engine thread does all model work.
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ import replies
 import rpc_gate
 from rpc_gate import gated
 from status_map import answered, answered_stream
-from engine import Engine, EngineConfig, EngineError
+from engine import Engine, EngineConfig, EngineError, lane_choice
 from engine.speculation import spec_config
 from loaders import adapt_options, media_bounds, model_loader
 
@@ -69,6 +70,16 @@ def read_load(request, distributed: bool) -> LoadPlan:
     if speculation.mode == "draft" and distributed:
         raise OptionError("DraftModel: a draft model is not served across ranks")
     return LoadPlan(options, spec, config, text_limits, speculation)
+
+
+def _probes(lm) -> list:
+    """Fresh probe requests for `lm`, prepared as a client's (prepare/probe.py); none when they
+    cannot be (a context shorter than they are): the caches alone then choose the lane."""
+    try:
+        return prepare.probe_requests(lm)
+    except (OptionError, EngineError) as e:
+        log.warning("LoadModel: the lane is not checked: %s", e)
+        return []
 
 
 def _tag(label: str) -> str:
@@ -184,7 +195,8 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             except Exception as e:
                 log.exception("LoadModel failed")
                 return backend_pb2.Result(success=False, message=f"{type(e).__name__}: {e}")
-        log.info("LoadModel: serving %s (dtype %s, context %d)", lm.source, lm.dtype, lm.context_size)
+        log.info("LoadModel: serving %s (dtype %s, context %d, lane %s)", lm.source, lm.dtype, lm.context_size,
+                 lm.lane.name)
         # The host only logs the message: LocalAI's wording, the details are in our log.
         return backend_pb2.Result(success=True, message=LOADED_MESSAGE)
 
@@ -199,9 +211,20 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         lm = await loop.run_in_executor(
             self.loader, spec_config.attach, lm, plan.speculation, plan.spec, draft_model)
         lm.derived[limits.KEY] = plan.text_limits
+        if lm.serves.generate and not hasattr(self.engine, "load_model"):  # across ranks: the batch, unchecked
+            await self._choose_lane(lm, plan)
         await asyncio.wrap_future(self.engine.swap(lm, plan.config))
         self.gate.limit = plan.options.max_concurrent_rpcs
         return lm
+
+    async def _choose_lane(self, lm, plan: LoadPlan) -> None:
+        """The model's lane (engine/lane_choice.py): its caches and a check on the loading thread,
+        then one request through the lane on the engine thread; ModelLoadError when none serves it."""
+        loop = asyncio.get_running_loop()
+        probes = functools.partial(_probes, lm)
+        await loop.run_in_executor(self.loader, lane_choice.decide, lm, plan.config, probes, plan.options.lane)
+        trial = await loop.run_in_executor(self.loader, probes)  # the first, and a spare for the solo lane
+        await asyncio.wrap_future(self.engine.trial(lm, plan.config, trial[:2], plan.options.lane == "auto"))
 
     @answered
     async def Free(self, request, context):

@@ -15,12 +15,20 @@ def preloaded() -> bool:
     return "openblas" in os.environ.get("LD_PRELOAD", "")
 
 
-def maybe_reexec_with_openblas() -> None:
+def preload_env():
+    """This process's environment with OpenBLAS preloaded, or None when it is not to be (not
+    Linux, opted out, no library, or already preloaded). Tests start their oracle processes
+    with it, so the library computes there with the BLAS the backend computes with."""
     if not sys.platform.startswith("linux") or os.environ.get("MLX_BACKEND_OPENBLAS", "1") == "0":
-        return
+        return None
     lib = os.environ.get("MLX_BACKEND_OPENBLAS_LIB", DEFAULT_LIB)
     if preloaded() or not os.path.exists(lib):
-        return
+        return None
     preload = os.environ.get("LD_PRELOAD", "")
-    env = dict(os.environ, LD_PRELOAD=f"{lib}:{preload}" if preload else lib)
-    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+    return dict(os.environ, LD_PRELOAD=f"{lib}:{preload}" if preload else lib)
+
+
+def maybe_reexec_with_openblas() -> None:
+    env = preload_env()
+    if env is not None:
+        os.execve(sys.executable, [sys.executable] + sys.argv, env)

@@ -70,40 +70,48 @@ def config_of(family: str, vocab_size: int) -> dict:
 def build(family: str, root: Path = None, sizes: dict = None) -> str:
     """The directory of `family`'s tiny model, built once (seeded: the same weights every time).
     `sizes` overrides config entries (the benches build wider, deeper ones)."""
+    root = Path(root) if root is not None else _default_root()
+    vocab = json.loads((_tokenizer_source() / "config.json").read_text())["vocab_size"]
+    return build_from(family, dict(config_of(family, vocab), **(sizes or {})), root)
+
+
+def build_from(name: str, cfg: dict, root: Path, boost: float = None) -> str:
+    """The directory of a tiny model of config `cfg` under `root`, built once with mlx-lm's own
+    classes (seeded by `name`), with the embedded model's tokenizer; `boost` scales every
+    weight matrix but the vocabulary's (default: 4 for the TIED families, else none)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.utils import _get_classes
 
-    root = Path(root) if root is not None else _default_root()
     src = _tokenizer_source()
-    vocab = json.loads((src / "config.json").read_text())["vocab_size"]
-    cfg = dict(config_of(family, vocab), **(sizes or {}))
+    vocab = cfg["vocab_size"] if "vocab_size" in cfg else cfg["text_config"]["vocab_size"]
     # The name carries the recipe: a changed config or scaling is a new directory.
-    recipe = json.dumps([cfg, sorted(TIED), BUILD_VERSION], sort_keys=True)
-    target = root / f"{family}-{hashlib.sha256(recipe.encode()).hexdigest()[:10]}"
+    recipe = json.dumps([cfg, sorted(TIED) if boost is None else boost, BUILD_VERSION], sort_keys=True)
+    boost = boost if boost is not None else 4 if name in TIED else 1
+    target = root / f"{name}-{hashlib.sha256(recipe.encode()).hexdigest()[:10]}"
     with building(target) as tmp:
         if not (target / "model.safetensors").exists():
             model_class, args_class = _get_classes(cfg)
-            mx.random.seed(sum(map(ord, family)))
+            mx.random.seed(sum(map(ord, name)))
             model = model_class(args_class.from_dict(cfg))
             weights = dict(tree_flatten(model.parameters()))
             # SmolLM2's <|endoftext|>, <|im_start|>, <|im_end|> (ids 0-2) far from everything in the output
             # head (and, tied, as inputs, which the tests never send): greedy never picks them.
             damp = (mx.arange(vocab) >= 3).astype(mx.float32)[:, None] * 0.99 + 0.01
-            for name, w in weights.items():
-                if w.ndim == 2 and w.shape[0] == vocab and ("lm_head" in name or "embed" in name):
-                    weights[name] = w * damp
-                elif family in TIED and w.ndim >= 2:
+            for key, w in weights.items():
+                if w.ndim == 2 and w.shape[0] == vocab and ("lm_head" in key or "embed" in key or "wte" in key):
+                    weights[key] = w * damp
+                elif boost != 1 and w.ndim >= 2:
                     # Tied output head: with the default small layers each token's own embedding
                     # dominates and greedy repeats the input; stronger layers make it move.
-                    weights[name] = w * 4
+                    weights[key] = w * boost
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
             mx.save_safetensors(str(tmp / "model.safetensors"), {k: v.astype(mx.float32) for k, v in weights.items()})
             (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
-            for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
-                if (src / name).exists():
-                    shutil.copyfile(src / name, tmp / name)
+            for file in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+                if (src / file).exists():
+                    shutil.copyfile(src / file, tmp / file)
             shutil.rmtree(target, ignore_errors=True)
             tmp.rename(target)
     return str(target)

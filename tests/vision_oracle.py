@@ -100,8 +100,10 @@ def start(jobs) -> Future:
     now: the caller goes on (starts the server, loads models) and asks the future when it needs
     them."""
     def run():
+        from family_oracle import server_blas_env
+
         out = subprocess.run([sys.executable, __file__], input=json.dumps(list(jobs)), capture_output=True,
-                             text=True, timeout=1800)
+                             text=True, timeout=1800, env=server_blas_env())
         if out.returncode:
             raise RuntimeError(f"the oracle failed: {out.stderr[-2000:]}")
         return json.loads(out.stdout)

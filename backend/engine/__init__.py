@@ -6,11 +6,12 @@ commands, the failure -> error map), `work` the one interface it drives every
 kind of work through, `streams` a stream's way from arrival to its last event,
 `admission` and `kv_budget` the queue and KV budget, `forward_queue` forward
 jobs as the other kind of work, `batch_factory` which lane serves a model and
-its wrappers, `hooks` what a variant (lockstep)
+its wrappers, `lane_choice` and `lane_probe` how that lane is chosen at load
+(the cache classes, then short requests through each lane), `hooks` what a variant (lockstep)
 changes, `config` and `health` its settings and what Health reads, `faults`
 test-only fault injection. Beneath it, by concern, each with its own map:
-  lanes/        the batches that generate (text, vision) behind one Batch interface,
-                per-request sampling, grammar and logprobs
+  lanes/        the batches that generate (text, vision) and the solo lane behind one
+                Batch interface, per-request sampling, grammar and logprobs
   prefix/       the prefix cache: memory, disk tier, boundary snapshots
   kv/           forms of a live KV cache (quantized rows, whether it can rewind)
   speculation/  a lone stream's speculative decoding, wrapping a lane

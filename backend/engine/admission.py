@@ -27,26 +27,27 @@ class Admission:
             log.info("KV budget: %d bytes (%d tokens at %d bytes/token)", self.budget,
                      self.budget // model.kv_bytes_per_token, model.kv_bytes_per_token)
 
-    def reserve(self, request, lm, config, running: int, waiting: int) -> tuple:
-        """(KV bytes to reserve, why it is refused or None). Shortens an open-ended request
-        to what the budget leaves it."""
+    def reserve(self, request, lm, config, places: int, running: int, waiting: int) -> tuple:
+        """(KV bytes to reserve, why it is refused or None) for a model whose lane runs `places`
+        requests at once. Shortens an open-ended request to what the budget leaves it."""
         per_token = getattr(lm, "kv_bytes_per_token", 0) if self.budget else 0
         if request.open_ended and per_token:
             # Reserving to the end of a long context would take the whole budget and run
             # requests one at a time: an open-ended one gets its share of the budget (or,
             # with a prompt longer than a share, the rest of the whole budget) and ends
             # "length" there, never past what was reserved.
-            share = self.budget // config.max_sequences // per_token - len(request.prompt)
+            share = self.budget // places // per_token - len(request.prompt)
             fits = share if share > 0 else self.budget // per_token - len(request.prompt)
             if 0 < fits < request.max_tokens:
                 request.max_tokens = fits
         need = kv_budget.need(len(request.prompt), request.max_tokens, per_token)
-        return need, self._refusal(request, need, per_token, config, running, waiting)
+        return need, self._refusal(request, need, per_token, config, places, running, waiting)
 
-    def _refusal(self, request, need: int, per_token: int, config, running: int, waiting: int) -> Optional[str]:
+    def _refusal(self, request, need: int, per_token: int, config, places: int, running: int,
+                 waiting: int) -> Optional[str]:
         """Why a request cannot even wait (the queue is full, it could never fit), or None."""
-        places = max(config.max_sequences - running, 0)  # those it fills are admitted this pass
-        if waiting >= places + config.max_waiting:
+        free = max(places - running, 0)  # those it fills are admitted this pass
+        if waiting >= free + config.max_waiting:
             return (f"{waiting} requests are already waiting for a place in the batch "
                     f"(bound: option max_waiting={config.max_waiting}); retry later")
         if need > self.budget > 0:

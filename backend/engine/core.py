@@ -1,7 +1,7 @@
 """The engine: one thread owns the model and every MLX call; this is its scheduler.
 
 Work enters as typed commands through a thread-safe inbox (requests.py: Submit, Cancel,
-Swap, Stop, Lost) and leaves as Events, handed to the event loop once per pass for all
+Swap, Trial, Stop, Lost) and leaves as Events, handed to the event loop once per pass for all
 requests together. The scheduler drives every kind of work through one interface (work.py)
 and never asks which kind it holds: the streams (streams.py: generation in one Batch,
 batch.py, which speculation and lockstep wrap; admission.py's queue and KV budget) and
@@ -28,9 +28,12 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 from engine.config import EngineConfig
 from engine.forward_queue import ForwardQueue
 from engine.health import Pulse
+from engine import lane_choice
 from engine.hooks import Hooks
-from engine.requests import Cancel, EngineError, Event, Lost, Request, Sink, Stop, Submit, Swap, failure, hand_over, stopped
+from engine.requests import (
+    Cancel, EngineError, Event, Lost, Request, Sink, Stop, Submit, Swap, Trial, failure, hand_over, stopped)
 from engine.streams import Streams
+from loaders import checksums
 
 __all__ = ["Engine", "EngineConfig", "EngineError", "Event", "Request", "Stop"]
 
@@ -111,6 +114,14 @@ class Engine:
         """Serve `model` from the next step on (None frees the current one)."""
         done: concurrent.futures.Future = concurrent.futures.Future()
         self._put(Swap(model, config, done))
+        return done
+
+    def trial(self, model, config: EngineConfig, requests, fallback: bool) -> concurrent.futures.Future:
+        """Run `model` (loaded, not yet served) through its lane with `requests` on the engine
+        thread, where its requests will run (lane_choice.trial): the future's exception says why
+        no lane serves it. The served model's streams pause meanwhile (a few tokens)."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._put(Trial(model, config, requests, fallback, done))
         return done
 
     async def forward(self, job) -> Any:
@@ -233,7 +244,7 @@ class Engine:
                 break
             if isinstance(command, Submit):
                 self._streams.end(command.sink, Event(error=error))
-            elif isinstance(command, Swap):
+            elif isinstance(command, (Swap, Trial)):
                 command.done.set_exception(error)
         self._flush()
         if self.on_close is not None:
@@ -292,15 +303,11 @@ class Engine:
         elif isinstance(command, Cancel):
             any(work.cancel(command.request_id) for work in self._work)  # the first that holds it
         elif isinstance(command, Swap):
-            if command.done.set_running_or_notify_cancel():
-                try:
-                    self._swap(command.model, command.config)
-                    self._pulse.beat = time.monotonic()  # a slow swap (its full collection) is no stuck pass
-                    command.done.set_result(command.model)
-                except BaseException as e:  # delivered to the caller, then the engine goes on
-                    command.done.set_exception(e)
-                    if not isinstance(e, Exception):
-                        raise
+            self._answer(command.done, lambda: self._swap(command.model, command.config), command.model)
+        elif isinstance(command, Trial):
+            self._answer(command.done, lambda: lane_choice.trial(
+                command.model, command.config or self.config, command.requests, self._stream, self._beat,
+                command.fallback), command.model)
         elif isinstance(command, Stop):
             # Closing the batch queues its warm prefix-cache entries for the disk.
             self._fail_all(failure("shutdown"))
@@ -309,6 +316,19 @@ class Engine:
             self.hooks.stopped()
         elif isinstance(command, Lost):
             raise command.error
+
+    def _answer(self, done: concurrent.futures.Future, fn: Callable[[], Any], result) -> None:
+        """Run a command that answers through `done`: its result, or what it raised."""
+        if not done.set_running_or_notify_cancel():
+            return
+        try:
+            fn()
+            self._pulse.beat = time.monotonic()  # a slow command (a swap's full collection) is no stuck pass
+            done.set_result(result)
+        except BaseException as e:  # delivered to the caller, then the engine goes on
+            done.set_exception(e)
+            if not isinstance(e, Exception):
+                raise
 
     def _keep_prompt_cache(self) -> None:
         """Let the prefix cache's disk writes finish, within the engine's stop time (backend.py
@@ -333,9 +353,13 @@ class Engine:
             "prompt_cache": batch.cache_bytes if batch is not None else 0,
             # Entries, hits (memory, disk), prompt tokens served from it, its files (prompt_store).
             **(batch.cache_figures() if batch is not None else {}),
+            # Damaged files of our caches found since the start: prefix-cache files, GGUF conversions.
+            **checksums.figures(),
             # What one cached token costs (kv_cache: quantized or float16 when asked for).
             "kv_bytes_per_token": getattr(self.model, "kv_bytes_per_token", 0),
             "kv_bytes_per_token_float": getattr(self.model, "kv_bytes_per_token_float", 0),
+            # The lane chosen at load (lane_choice.py): 1 when one request runs at a time.
+            **lane_choice.lane_figures(self.model),
         }
         self.hooks.memory(self.memory)
 

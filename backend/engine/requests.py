@@ -82,6 +82,17 @@ class Swap:
 
 
 @dataclass
+class Trial:
+    """Run `model` (not yet served) through its lane with `requests` before it is swapped in
+    (lane_choice.trial); `done` gets the model, or the reason no lane serves it."""
+    model: Any
+    config: Any
+    requests: List[Any]
+    fallback: bool  # a lane that fails may give way to the solo lane
+    done: concurrent.futures.Future
+
+
+@dataclass
 class Stop:
     pass
 
@@ -168,6 +179,7 @@ _RAISED = {  # an INTERNAL error: this prefix, then the exception (its pipeline,
     "admission": "request setup failed",
     "sampling": "request failed while sampling",
     "forward": "forward pass failed",
+    "generation step": "the library's generation step failed",
 }
 
 

@@ -91,7 +91,8 @@ class Streams:
         slot = Slot(request=request, sink=sink, pipeline=None, t_arrived=time.perf_counter())
         error = self.refusal(request.model_epoch)
         if error is None:
-            slot.kv_bytes, why = self.admission.reserve(request, lm, self.config, len(self.slots), len(self.waiting))
+            slot.kv_bytes, why = self.admission.reserve(request, lm, self.config, self.places(),
+                                                        len(self.slots), len(self.waiting))
             if why is not None:
                 log.info("request %d refused: %s", request.id, why)
                 error = refused(why)
@@ -119,7 +120,7 @@ class Streams:
     def admit(self) -> None:
         if self.waiting:
             self.open().waiting(len(self.waiting))  # company: a stream running apart comes back
-        while self.waiting and len(self.slots) < self.config.max_sequences:
+        while self.waiting and len(self.slots) < self.places():
             slot = self.waiting[0]  # stays in the queue, where a failure still finds it, until placed
             if not self.admission.fits(slot, self.slots.values()):  # it waits (in order) for running ones to end
                 break
@@ -148,6 +149,11 @@ class Streams:
                 self._token(slot, first)
             if slot.error is not None:  # its sampler, processors or pipeline failed on the first token
                 self._fail(slot, slot.error)
+
+    def places(self) -> int:
+        """How many requests may run at once: max_sequences, or fewer when the lane says so."""
+        most = self.open().capabilities.max_running
+        return min(self.config.max_sequences, most) if most else self.config.max_sequences
 
     def open(self):
         """The model's batch, built on first use."""

@@ -4,7 +4,8 @@ A GGUF file is converted (gguf_convert) into a plain mlx-lm directory under a
 cache folder; mlx-lm's own loader then loads that directory like any other, so
 the detokenizer, chat template, tool parser and thinking markers are inferred
 by the same code for both kinds of model. This module is the cache: when an
-entry is still valid, and how two processes share one conversion.
+entry is still valid (and not damaged), how two processes share one conversion, and
+that no other user can read it (folders 0700, files 0600: private_files.py).
 """
 
 import contextlib
@@ -17,9 +18,11 @@ import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
-from loaders.gguf_convert import CONVERTER_VERSION, convert
+from loaders import checksums
+from loaders.gguf_convert import CONVERTER_VERSION, GGUFError, convert
+from loaders.private_files import DIR_MODE, open_private, private_dir, private_file
 
 log = logging.getLogger("mlx-backend.gguf")
 
@@ -33,11 +36,15 @@ def default_cache_dir() -> Path:
 # ---- the conversion cache --------------------------------------------------------
 #
 # One entry per source path: `<key>/` holds the converted directory and, written
-# last, COMPLETE (the source's identity and every file's size). An entry without
-# a matching record is torn (a crash, a full disk) or stale (the source changed)
-# and is rebuilt. Conversions run in `.partial-<key>-<host>-<pid>-<random>`
-# folders, are fsynced, then renamed into place under a per-key file lock, so two
-# processes never convert the same file at once: the waiter reuses the result.
+# last, COMPLETE (the source's identity, every file's size and its checksum). An
+# entry without a matching record is torn (a crash, a full disk) or stale (the
+# source changed, or an earlier version wrote it without checksums) and is rebuilt;
+# one whose files are not what the record says is damaged: counted, logged, rebuilt.
+# Every load verifies the whole entry before mlx-lm reads it (XXH3, hashed as it is
+# read: 10-45 ms more per 100 MB here, docs/prefix-cache.md; a small part of a load).
+# Conversions run in `.partial-<key>-<host>-<pid>-<random>` folders, are fsynced,
+# then renamed into place under a per-key file lock, so two processes never convert
+# the same file at once: the waiter reuses the result.
 
 COMPLETE = "COMPLETE"
 PARTIAL_PREFIX = ".partial-"
@@ -68,15 +75,34 @@ def _cache_key(real_path: str) -> str:
     return hashlib.sha256(f"{real_path}|{CONVERTER_VERSION}".encode()).hexdigest()[:24]
 
 
-def entry_is_complete(entry: Path, identity: Dict[str, Any]) -> bool:
-    """The entry was finished for this very source, and no file of it is missing or cut short."""
+SUMS = checksums.ALGORITHM  # the record's key for the files' checksums (sizes stay under "files", as before)
+
+
+def entry_state(entry: Path, identity: Dict[str, Any]) -> Tuple[str, str]:
+    """("ok", ""): the entry was finished for this very source and every file is what was
+    written. ("stale", why): none, or for another source or version: converted (again).
+    ("damaged", why): a file is missing, cut short or fails its checksum."""
     try:
         record = json.loads((entry / COMPLETE).read_text())
+    except FileNotFoundError:
+        return "stale", "no finished conversion"
+    except (OSError, ValueError) as e:
+        return "damaged", f"{COMPLETE}: {type(e).__name__}: {e}"
+    try:
         if record.get("source") != identity:
-            return False
-        return all((entry / name).stat().st_size == size for name, size in record["files"].items())
-    except (OSError, ValueError, KeyError, AttributeError, TypeError):
-        return False
+            return "stale", "converted from another file or by another version"
+        files, sums = record["files"], record.get(SUMS)
+        if not isinstance(sums, dict) or set(sums) != set(files):
+            return "stale", "written without checksums"
+        for name, size in sorted(files.items()):
+            path = entry / name
+            if not path.is_file() or path.stat().st_size != size:
+                return "damaged", f"{name} is missing or cut short"
+            if checksums.file_digest(path) != sums[name]:
+                return "damaged", f"{name} fails its checksum"
+    except (OSError, KeyError, AttributeError, TypeError) as e:
+        return "damaged", f"{type(e).__name__}: {e}"
+    return "ok", ""
 
 
 def _fsync(path: Path) -> None:
@@ -88,14 +114,20 @@ def _fsync(path: Path) -> None:
 
 
 def _seal(tmp: Path, identity: Dict[str, Any]) -> None:
-    """Every file on disk, then the record naming them (so a record means the data is there)."""
-    files = {}
-    for f in sorted(tmp.iterdir()):
-        if f.is_file():
-            _fsync(f)
-            files[f.name] = f.stat().st_size
+    """Every file private and on disk, then the record naming them with their sizes and
+    checksums (so a record means the data is there, as written)."""
+    files, sums = {}, {}
+    for f in sorted(tmp.rglob("*")):
+        if f.is_dir():
+            os.chmod(f, DIR_MODE)
+            continue
+        private_file(f)
+        _fsync(f)
+        name = f.relative_to(tmp).as_posix()
+        files[name], sums[name] = f.stat().st_size, checksums.file_digest(f)
     record = tmp / COMPLETE
-    record.write_text(json.dumps({"source": identity, "files": files}))
+    record.write_text(json.dumps({"source": identity, "files": files, SUMS: sums}))
+    private_file(record)
     _fsync(record)
     _fsync(tmp)
 
@@ -141,35 +173,53 @@ def clean_stale(cache_dir: Path, now: float = None) -> List[str]:
 @contextlib.contextmanager
 def _locked(lock_path: Path):
     # The lock file stays: removing it would let a third process lock a fresh inode.
-    with open(lock_path, "a+b") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+    fd = open_private(lock_path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _private_cache(cache_dir: Path) -> Path:
+    """The cache folder, this user's alone (an older one is tightened); GGUFError, with what to
+    do, when it cannot be."""
+    try:
+        return private_dir(cache_dir)
+    except OSError as e:
+        raise GGUFError(f"the GGUF cache folder {cache_dir} cannot be used ({e.strerror or e}): it holds "
+                        "converted models and must be this user's alone; chown or remove it, or set "
+                        "MLX_BACKEND_CACHE_DIR") from None
 
 
 def gguf_to_mlx_dir(path: str, cache_dir: Path = None) -> Path:
-    """The mlx-lm directory for a GGUF file, converting it on first use."""
-    cache_dir = Path(cache_dir or default_cache_dir())
+    """The mlx-lm directory for a GGUF file, converting it on first use (and again when the
+    conversion on disk is damaged)."""
+    cache_dir = _private_cache(Path(cache_dir or default_cache_dir()))
     real = os.path.realpath(path)
     key = _cache_key(real)
     target = cache_dir / key
     identity = source_identity(real)
-    if entry_is_complete(target, identity):
+    if entry_state(target, identity)[0] == "ok":
         return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
     with _locked(cache_dir / f".lock-{key}"):
-        if entry_is_complete(target, identity):  # another process converted it while this one waited
+        state, why = entry_state(target, identity)
+        if state == "ok":  # another process converted it while this one waited
             return target
         clean_stale(cache_dir)
-        if target.exists():
-            log.warning("GGUF cache entry %s is incomplete or from another version of %s; rebuilding", target, path)
+        if state == "damaged":
+            checksums.note_damaged(checksums.GGUF_CACHE, target, why, f"converting {path} again")
+        elif target.exists():
+            log.warning("GGUF cache entry %s: %s (%s); converting it again", target, why, path)
         started = time.monotonic()
         log.info("converting GGUF %s into %s (first load only)", path, target)
         tmp = cache_dir / f"{PARTIAL_PREFIX}{key}-{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
         try:
-            tmp.mkdir()
+            tmp.mkdir(mode=DIR_MODE)
+            os.chmod(tmp, DIR_MODE)  # whatever the umask
             convert(real, tmp)
             _seal(tmp, identity)
             if target.exists():

@@ -62,6 +62,18 @@ SERVES = {
 }
 
 
+@dataclass(frozen=True)
+class Lane:
+    """Which lane generates for a loaded model (engine/lane_choice.py decides it at load)."""
+    solo: bool = False  # one request at a time through the library's own step; else the batch
+    prefill_alone: bool = False  # in the batch, each prompt prefilled on its own, then merged to decode
+    reason: str = ""  # why, for the log
+
+    @property
+    def name(self) -> str:
+        return "solo" if self.solo else "batch, each prompt prefilled alone" if self.prefill_alone else "batch"
+
+
 @dataclass
 class LoadedModel:
     name: str
@@ -90,6 +102,7 @@ class LoadedModel:
     kind: str = "text"
     vision: Any = None  # vision_model.VisionParts of a vision model
     embedding: Any = None  # embed_loader.EmbeddingSpec: pooling and normalisation
+    lane: Lane = field(default_factory=Lane)  # the batch, unless the check at load chose otherwise
 
     @property
     def serves(self) -> Serves:

@@ -101,22 +101,6 @@ def _choose_dtype(requested: str, model) -> Optional[str]:
     return "float32" if f32_bytes <= total // 4 else None
 
 
-def unbatchable_cache(model) -> Optional[str]:
-    """The name of the first KV cache class of `model` that mlx-lm's BatchGenerator cannot
-    batch (it merges each request's per-layer caches; e.g. Llama 4's ChunkedKVCache has no
-    merge), or None when every layer can be."""
-    from mlx_lm.models.cache import CacheList, make_prompt_cache
-
-    def parts(c):
-        return [p for s in c.caches for p in parts(s)] if isinstance(c, CacheList) else [c]
-
-    for layer in make_prompt_cache(model):
-        for c in parts(layer):
-            if not hasattr(type(c), "merge"):
-                return type(c).__name__
-    return None
-
-
 def _quantized(model) -> bool:
     return any("scales" in m for m in model.modules())
 
@@ -161,6 +145,7 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
     from mlx_lm import load as mlx_lm_load
 
     from loaders import adapters
+    from loaders import cache_kinds
     from loaders import cross_encoder
     from loaders import embed_loader
     from loaders.gguf_convert import GGUFError
@@ -217,11 +202,16 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
         raise ModelLoadError(f"{source}: {e}") from None
     except Exception as e:  # hub and format errors arrive as many types
         raise ModelLoadError(f"{source}: {type(e).__name__}: {e}") from None
+    except SystemExit as e:  # a model module that exits when a package it needs is missing (olmo)
+        raise ModelLoadError(f"{source}: mlx-lm's module for this model does not import here "
+                             f"(it exited with {e.code!r}; its message is in the log)") from None
 
-    cache_kind = unbatchable_cache(model)
-    if cache_kind:  # every request would fail in the batch: say so now
-        raise ModelLoadError(f"{source}: {config.get('model_type')} is not served here: its {cache_kind} KV cache "
-                             f"cannot be batched by mlx-lm's BatchGenerator")
+    # One process serves one request at a time in the solo lane (engine/lane_choice.py); across
+    # ranks only the batch runs, and a cache it cannot merge would fail every request.
+    cache_kind = cache_kinds.unmergeable(model) if shard is not None else None
+    if cache_kind:
+        raise ModelLoadError(f"{source}: {config.get('model_type')} is not served across ranks: its {cache_kind} "
+                             f"KV cache cannot be batched by mlx-lm's BatchGenerator")
     dtype = _choose_dtype(spec.dtype, model)
     # Split before anything is evaluated, so a rank only ever reads its slice; a quantized
     # model cast to float is split after the cast (the split layers cannot be dequantized).

@@ -7,6 +7,7 @@
     media.py     base64 items -> images, their content hashes
     forward.py   Embedding, Score and Rerank -> forward jobs; Rerank's scores from their results
     render_guard.py  a chat-template render bounded in time and output
+    probe.py     the short requests LoadModel runs to check a model's lane
     faults.py    faults a test asks for (fault-isolation tests only)
 
 Imports run downward only: engine, loaders, common and the load options; never the servicer.
@@ -14,8 +15,9 @@ Imports run downward only: engine, loaders, common and the load options; never t
 
 from .forward import embed_job, rerank_jobs, rerank_scores, ranked, score_request, served_rpcs
 from .media import MEDIA_MARKER
+from .probe import probe_requests
 from .spec import RequestSpec, read
 from .text import build_request, prompt_tokens
 
-__all__ = ["MEDIA_MARKER", "RequestSpec", "build_request", "embed_job", "prompt_tokens", "ranked", "read",
-           "rerank_jobs", "rerank_scores", "score_request", "served_rpcs"]
+__all__ = ["MEDIA_MARKER", "RequestSpec", "build_request", "embed_job", "probe_requests", "prompt_tokens", "ranked",
+           "read", "rerank_jobs", "rerank_scores", "score_request", "served_rpcs"]

@@ -4,7 +4,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -17,7 +16,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 import localai_backend
 from common import launcher
-from common.launcher import REPO, Backend, backend_pb2, backend_pb2_grpc, chat, free_port
+from common.launcher import REPO, Backend, backend_pb2, chat
+from localai_host import start_like_localai, wait_healthy_like_the_host
 
 pytestmark = pytest.mark.e2e
 
@@ -37,29 +37,6 @@ def models_folder(tmp_path_factory):
     os.symlink(embedded_default(), folder / GGUF_NAME)
     os.symlink(thinking_model_dir(), folder / "smollm2-thinking")
     return folder
-
-
-def wait_healthy_like_the_host(stub, proc):
-    """LocalAI polls Health up to 20 times, 2 s apart, until the message is exactly OK."""
-    for _ in range(20):
-        assert proc.poll() is None, f"backend exited with {proc.returncode}"
-        try:
-            if stub.Health(backend_pb2.HealthMessage(), timeout=10).message == b"OK":
-                return
-        except grpc.RpcError:
-            pass
-        time.sleep(2)
-    raise AssertionError("the backend never answered Health OK")
-
-
-def start_like_localai(folder: Path, log_path: Path):
-    """run.sh --addr, its own folder as working directory, stdin closed, its own process group."""
-    addr = f"127.0.0.1:{free_port()}"
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen([str(folder / "run.sh"), "--addr", addr], cwd=folder, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    channel = grpc.insecure_channel(addr)
-    return proc, channel, backend_pb2_grpc.BackendStub(channel)
 
 
 def test_backend_folder_runs_as_localai_starts_it(tmp_path, models_folder, log_dir):

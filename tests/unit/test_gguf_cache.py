@@ -1,6 +1,9 @@
-"""The GGUF conversion cache survives crashes, replaced sources and concurrent loaders."""
+"""The GGUF conversion cache survives crashes, replaced sources, damaged files and concurrent
+loaders, and no other user can read it."""
 
+import json
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -42,6 +45,71 @@ def test_a_torn_entry_is_rebuilt_and_loads(tmp_path):
         f.truncate(weights.stat().st_size // 2)
     entry = gguf_to_mlx_dir(src, cache)
     np.testing.assert_allclose(_embeddings_served(entry), _embeddings_in_gguf(src), rtol=1e-6)
+
+
+def test_a_flipped_byte_in_the_converted_weights_is_converted_again(tmp_path):
+    from loaders import checksums
+    from loaders.gguf_loader import gguf_to_mlx_dir
+
+    src = write_tiny_gguf(str(tmp_path / "m.gguf"))
+    cache = tmp_path / "cache"
+    weights = gguf_to_mlx_dir(src, cache) / "model.safetensors"
+    clean = weights.read_bytes()
+    data = bytearray(clean)
+    data[len(data) - 7] ^= 0x10  # one bit of the last weight: same size, same mtime resolution
+    weights.write_bytes(bytes(data))
+    before = checksums.figures()[checksums.GGUF_CACHE]
+    entry = gguf_to_mlx_dir(src, cache)
+    assert checksums.figures()[checksums.GGUF_CACHE] == before + 1
+    assert (entry / "model.safetensors").read_bytes() == clean
+    np.testing.assert_allclose(_embeddings_served(entry), _embeddings_in_gguf(src), rtol=1e-6)
+
+
+def test_an_entry_of_an_earlier_version_without_checksums_is_converted_again(tmp_path):
+    from loaders import checksums
+    from loaders.gguf_loader import COMPLETE, SUMS, gguf_to_mlx_dir
+
+    src = write_tiny_gguf(str(tmp_path / "m.gguf"))
+    cache = tmp_path / "cache"
+    entry = gguf_to_mlx_dir(src, cache)
+    record = json.loads((entry / COMPLETE).read_text())
+    del record[SUMS]
+    (entry / COMPLETE).write_text(json.dumps(record))
+    before = checksums.figures()[checksums.GGUF_CACHE]
+    entry = gguf_to_mlx_dir(src, cache)
+    assert SUMS in json.loads((entry / COMPLETE).read_text())
+    assert checksums.figures()[checksums.GGUF_CACHE] == before  # stale, not damaged
+
+
+def test_every_path_of_the_cache_is_this_users_alone_whatever_the_umask(tmp_path):
+    from loaders.gguf_loader import gguf_to_mlx_dir
+
+    src = write_tiny_gguf(str(tmp_path / "m.gguf"))
+    top = tmp_path / "home"
+    old = os.umask(0)
+    try:
+        gguf_to_mlx_dir(src, top / "cache" / "gguf")
+    finally:
+        os.umask(old)
+    paths = [top, *top.rglob("*")]
+    assert len(paths) > 6  # the folders, the entry's files, its record and the lock
+    loose = {str(p): oct(stat.S_IMODE(p.lstat().st_mode)) for p in paths
+             if stat.S_IMODE(p.lstat().st_mode) != (0o700 if p.is_dir() else 0o600)}
+    assert loose == {}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a folder to another user")
+def test_a_cache_folder_of_another_user_fails_the_load_with_what_to_do(tmp_path):
+    from loaders.gguf_convert import GGUFError
+    from loaders.gguf_loader import gguf_to_mlx_dir
+
+    src = write_tiny_gguf(str(tmp_path / "m.gguf"))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    os.chown(cache, 65534, 65534)
+    with pytest.raises(GGUFError, match="uid 65534.*MLX_BACKEND_CACHE_DIR"):
+        gguf_to_mlx_dir(src, cache)
+    assert list(cache.iterdir()) == []
 
 
 def test_a_source_replaced_with_the_same_size_and_mtime_is_converted_again(tmp_path):

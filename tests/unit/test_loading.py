@@ -117,24 +117,26 @@ def test_a_served_model_is_kept_out_of_the_collectors_walk():
 
 def test_a_model_whose_kv_cache_cannot_be_batched_is_named_at_load():
     # Llama 4 (mlx-lm's own class, tiny): its chunked-attention layers keep a ChunkedKVCache,
-    # which BatchGenerator cannot merge; plain and hybrid families can.
+    # which BatchGenerator cannot merge (the lane choice sends it to the solo lane); plain and
+    # hybrid families can.
     import mlx_lm.models.llama4 as llama4
     import mlx_lm.models.lfm2 as lfm2
     import mlx_lm.models.llama as llama
 
-    from loaders.model_loader import unbatchable_cache
+    from loaders import cache_kinds
 
     text = dict(attention_bias=False, attention_chunk_size=8, head_dim=8, hidden_size=16,
                 interleave_moe_layer_step=1, intermediate_size=16, intermediate_size_mlp=16,
                 max_position_embeddings=64, model_type="llama4_text", num_attention_heads=2,
                 num_experts_per_tok=1, num_hidden_layers=4, num_key_value_heads=1, num_local_experts=2,
                 rms_norm_eps=1e-5, rope_scaling=None, rope_theta=10000.0, use_qk_norm=False, vocab_size=32)
-    assert unbatchable_cache(llama4.Model(llama4.ModelArgs(text_config=text, model_type="llama4"))) == \
-        "ChunkedKVCache"
-    assert unbatchable_cache(llama.Model(llama.ModelArgs.from_dict(dict(
+    chunked = llama4.Model(llama4.ModelArgs(text_config=text, model_type="llama4"))
+    assert cache_kinds.unmergeable(chunked) == "ChunkedKVCache"
+    assert cache_kinds.of(chunked) == ("ChunkedKVCache", "KVCache")
+    assert cache_kinds.unmergeable(llama.Model(llama.ModelArgs.from_dict(dict(
         model_type="llama", hidden_size=16, num_hidden_layers=1, intermediate_size=16, num_attention_heads=2,
         rms_norm_eps=1e-5, vocab_size=32)))) is None
-    assert unbatchable_cache(lfm2.Model(lfm2.ModelArgs.from_dict(dict(
+    assert cache_kinds.unmergeable(lfm2.Model(lfm2.ModelArgs.from_dict(dict(
         model_type="lfm2", vocab_size=32, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
         num_key_value_heads=1, max_position_embeddings=64, norm_eps=1e-5, conv_bias=False, conv_L_cache=3,
         block_dim=16, block_multiple_of=16, block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=False,

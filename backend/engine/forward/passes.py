@@ -25,7 +25,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from engine.forward import pair_forward
 from engine.forward.row_batch import run_rows, take_rows
 from engine.forward.score_rows import rows_end, save, score_rows, warm_cache
-from engine.prefix import snapshots
+from engine.prefix import kinds, snapshots
 
 log = logging.getLogger("mlx-backend.forward")
 
@@ -85,6 +85,7 @@ class _Pending:
     started: bool = False
     rows_done: int = 0
     snapshot: Any = None  # a score's cache at its save_upto, when its cache cannot be trimmed
+    plain: bool = False  # a score whose cache cannot be copied per row: each row runs the prompt anew
     pooled: Any = None  # vectors so far; for a long input, its running sum / last state / states
     out_tokens: List[List[int]] = field(default_factory=list)
     out_logprobs: List[List[float]] = field(default_factory=list)
@@ -203,13 +204,37 @@ class ForwardWork:
 
     # ---- scores -----------------------------------------------------------------
 
+    def _plain_score_row(self, lm, p: _Pending) -> List[tuple]:
+        """One row of a score whose cache class can neither be copied nor rebuilt from its
+        state (prefix/kinds.py: deepseek_v41's LayerCache): the shared prompt and the row in
+        a fresh cache of the row's own, nothing kept in the prefix cache."""
+        job = p.job
+        cache = make_prompt_cache(lm.model)
+        if job.shared:
+            _body(lm)(mx.array([job.shared]), cache=cache)
+        for tokens, logprobs in score_rows(lm, cache, job, p.rows_done, p.rows_done + 1, copies=False):
+            p.out_tokens.append(tokens)
+            p.out_logprobs.append(logprobs)
+        p.rows_done += 1
+        if p.rows_done < len(job.rows):
+            return []
+        self.queue.popleft()
+        evaluated = len(job.rows) * len(job.shared) + sum(len(r) for r in job.rows)
+        return [(p.sink, ScoreResult(p.out_tokens, p.out_logprobs, evaluated, 0))]
+
     def _score_chunk(self, lm, p: _Pending, budget: int, prefix_cache) -> List[tuple]:
         job = p.job
         try:
             if not p.started:  # the prefix cache is looked up when the job starts, not when it arrives
                 p.started = True
-                p.cache, p.cached = warm_cache(lm, prefix_cache(), job.shared)
-                p.done = p.cached
+                p.plain = kinds.unserved(make_prompt_cache(lm.model)) is not None
+                if p.plain:
+                    p.done = len(job.shared)
+                else:
+                    p.cache, p.cached = warm_cache(lm, prefix_cache(), job.shared)
+                    p.done = p.cached
+            if p.plain:
+                return self._plain_score_row(lm, p)
             if p.done < len(job.shared):  # one chunk of the shared prompt
                 # A cache that cannot be trimmed is kept as it is at save_upto (a snapshot):
                 # the chunk that reaches it ends there.

@@ -68,16 +68,17 @@ def _repeated(cache, rows: int) -> list:
     return out
 
 
-def score_rows(lm, cache, job, start: int, end: int):
+def score_rows(lm, cache, job, start: int, end: int, copies: bool = True):
     """(candidate token ids, their log-probs) of rows [start, end), evaluated as one batch.
 
     Logits leave the model for the rows' own positions only (the shared prompt is in the
-    cache), and only the scored ones of those go on to float64.
+    cache), and only the scored ones of those go on to float64. Without `copies` the one
+    row continues `cache` itself.
     """
     rows = job.rows[start:end]
     width = max(len(r) for r in rows)
     ids = mx.array([r + [0] * (width - len(r)) for r in rows])
-    logits = lm.model(ids, cache=_repeated(cache, len(rows)))
+    logits = lm.model(ids, cache=_repeated(cache, len(rows)) if copies else cache)
     at, picks = [], []
     for i, targets in enumerate(job.targets[start:end]):
         first = job.first[start + i]

@@ -4,9 +4,10 @@ A batch holds the running streams of one model: it admits a request (its first t
 come back at once), runs one step for all of them, takes some out (with their KV cache when
 it is whole) and keeps finished caches for later prompts. What it can do beyond that is
 said by its Capabilities, never asked of the model's kind by the scheduler. The text batch
-(text_batch.py) and the vision batch (vision_batch.py) implement it; speculation
-(speculation/spec_batch.py) and lockstep's journal (lockstep/recording.py) wrap one and
-implement it too; engine/batch_factory.py picks one for a model. Engine thread only.
+(text_batch.py), the vision batch (vision_batch.py) and the solo lane (solo.py,
+solo_vision.py: one request at a time) implement it; speculation (speculation/spec_batch.py)
+and lockstep's journal (lockstep/recording.py) wrap one and implement it too;
+engine/batch_factory.py picks one for a model. Engine thread only.
 """
 
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Tupl
 class Capabilities:
     speculate: bool = False  # a lone stream's cache may leave the batch and be rewound (speculate.py)
     shares_prefix: bool = False  # forward work may read and fill its prefix cache (`cache`)
+    max_running: int = 0  # requests it runs at once (0: as many as max_sequences); the rest wait in order
 
 
 class Batch(Protocol):
@@ -57,6 +59,18 @@ class Batch(Protocol):
 
     def cache_figures(self) -> dict:
         ...
+
+
+@dataclass
+class Response:
+    """One generated token of one request, as a step returns it (a batch generator's shape):
+    with its finish, the request's KV cache and the tokens that cache holds."""
+    uid: int
+    token: int
+    logprobs: Any
+    finish_reason: Optional[str]
+    prompt_cache: Any
+    all_tokens: Optional[List[int]]
 
 
 @dataclass

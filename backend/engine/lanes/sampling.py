@@ -92,3 +92,40 @@ def make_processors(p: SamplingParams, extra: Optional[List[Callable]] = None) -
     )
     return procs + list(extra or [])
 
+
+
+def argmax(logprobs):
+    return logprobs.argmax(axis=-1)
+
+
+def _unchanged(tokens, logits):
+    return logits
+
+
+def guarded(fn: Callable, fallback: Callable, on_error: Callable[[Exception], None]) -> Callable:
+    """A request's own sampler or logits processor that fails that request alone.
+
+    After the first error the lane keeps decoding that row with `fallback`
+    until the engine takes the request out at the end of the step.
+    """
+    failed = False
+
+    def call(*args):
+        nonlocal failed
+        if not failed:
+            try:
+                return fn(*args)
+            except Exception as e:
+                failed = True
+                on_error(e)
+        return fallback(*args)
+
+    return call
+
+
+def request_sampling(p: SamplingParams, extra: List[Callable], vocab_size: int,
+                     on_error: Callable[[Exception], None]):
+    """A request's own sampler (None: greedy) and logits processors, each failing it alone."""
+    sampler = make_sampler(p, vocab_size)
+    return (guarded(sampler, argmax, on_error) if sampler else None,
+            [guarded(proc, _unchanged, on_error) for proc in make_processors(p, extra)])

@@ -7,59 +7,22 @@ whole. Engine thread only.
 """
 
 import logging
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 
-from engine.lanes.batch import Capabilities
-from engine.lanes.sampling import SamplingParams, make_processors, make_sampler
+from engine.lanes.batch import Capabilities, Response
+from engine.lanes.sampling import SamplingParams, argmax as _argmax, request_sampling
 from engine.prefix import snapshots
 from engine.prefix.prompt_store import make_store
 
 log = logging.getLogger("mlx-backend.text")
 
 
-def _argmax(logprobs):
-    return logprobs.argmax(axis=-1)
-
-
-def _unchanged(tokens, logits):
-    return logits
-
-
-def guarded(fn: Callable, fallback: Callable, on_error: Callable[[Exception], None]) -> Callable:
-    """A request's own sampler or logits processor that fails that request alone.
-
-    After the first error the batch keeps decoding that row with `fallback`
-    until the engine takes the request out at the end of the step.
-    """
-    failed = False
-
-    def call(*args):
-        nonlocal failed
-        if not failed:
-            try:
-                return fn(*args)
-            except Exception as e:
-                failed = True
-                on_error(e)
-        return fallback(*args)
-
-    return call
-
-
-@dataclass
-class First:
-    """The first token of a request the engine prefilled directly (shaped like a batch response)."""
-    uid: int
-    token: int
-    logprobs: Any
-    finish_reason: Optional[str]
-    prompt_cache: Any
-    all_tokens: Optional[List[int]]
+class First(Response):
+    """The first token of a request the engine prefilled directly."""
 
 
 class TextBatch:
@@ -125,24 +88,10 @@ class TextBatch:
         return uid, cached, first
 
     def _nearest(self, key: List[Any]) -> Tuple[Any, List[Any]]:
-        """The longest cached prefix of `key` and the rest to prefill (at least one token,
-        for the logits: a wholly cached prompt recomputes its last token)."""
-        cache, rest = self.cache.fetch_nearest_cache(self.lm.epoch, key)
-        if cache is not None and not rest:
-            if can_trim_prompt_cache(cache):
-                trim_prompt_cache(cache, 1)
-                rest = key[-1:]
-            else:  # the longest entry short of the whole key: an end-of-prompt snapshot is one
-                cache, rest = self.cache.fetch_nearest_cache(self.lm.epoch, key[:-1])
-                rest = list(rest) + key[-1:]
-        self.cache.count_hit(len(key) - len(rest) if cache is not None else 0)
-        return cache, rest
+        return self.cache.nearest(self.lm.epoch, key)
 
     def _guarded(self, sampling: SamplingParams, extra: List[Any], on_error: Callable[[Exception], None]):
-        """The request's own sampler (None: greedy) and logits processors, each failing it alone."""
-        sampler = make_sampler(sampling, len(self.lm.tokenizer))
-        return (guarded(sampler, _argmax, on_error) if sampler else None,
-                [guarded(p, _unchanged, on_error) for p in make_processors(sampling, extra)])
+        return request_sampling(sampling, extra, len(self.lm.tokenizer), on_error)
 
     def _prefill_and_sample(self, cache, parts: List[List[int]], prompt: List[int], sampler, processors):
         """Prefill the uncached rest of `prompt` (cut into `parts`, a snapshot kept at the end
@@ -180,13 +129,7 @@ class TextBatch:
                 self._snapping.pop(r.uid, None)
 
     def _keep(self, tokens: List[int], cache: List[Any], prompt_length: int) -> None:
-        """A snapshot into the prefix cache, accounted and evicted with every other entry.
-        Losing one must not fail the request."""
-        kind = snapshots.END_OF_PROMPT if len(tokens) == prompt_length - 1 else snapshots.SHARED_PREFIX
-        try:
-            self.cache.insert_cache(self.lm.epoch, tokens, cache, cache_type=kind)
-        except Exception:
-            log.exception("keeping a %d-token snapshot failed", len(tokens))
+        self.cache.keep_snapshot(self.lm.epoch, tokens, cache, prompt_length)
 
     def waiting(self, n: int) -> None:
         pass  # every running request is in the batch

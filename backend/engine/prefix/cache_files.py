@@ -7,10 +7,11 @@ only). Tokens are little-endian int64, in the metadata and in the file name's ha
 a vision model's prompts are keyed with their media tokens replaced by negative
 62-bit content hashes (media.keyed_tokens), which int32 cannot hold. Files appear
 by atomic rename of a uniquely named temporary file in the same folder (fsync
-first), so processes sharing a folder never see a partial one. The fingerprint keys a folder to
-the model as loaded (weights by name, size and mtime, config, dtype, adapters and
-their scales, KV cache type, a vision model's video frame sampling, the library
-versions). Any thread.
+first), so processes sharing a folder never see a partial one; folders are 0700 and
+files 0600 (loaders/private_files.py); each file carries checksums (file_checks.py).
+The fingerprint keys a folder to the model as loaded (weights by name, size and mtime,
+config, dtype, adapters and their scales, KV cache type, a vision model's video frame
+sampling, the library versions). Any thread.
 """
 
 import base64
@@ -18,7 +19,7 @@ import functools
 import hashlib
 import json
 import os
-import struct
+import sys
 import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -27,12 +28,16 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models import cache as lm_cache
 
-# 2: tokens as int64 (1 had int32). The format is part of the fingerprint, so files of
-# format 1 sit in folders of other fingerprints: never read, and the first removed by the
-# byte budget (least recently used).
-FORMAT = "mlx-backend-prompt-cache/2"
+from loaders.private_files import private_dir, private_file
+
+# 3: checksums of the metadata and of the arrays (2 had none: flipped bytes became other
+# text); 2: tokens as int64 (1 had int32). The format is part of the fingerprint, so files
+# of earlier formats sit in folders of other fingerprints: never read, and the first removed
+# by the byte budget (least recently used).
+FORMAT = "mlx-backend-prompt-cache/3"
 SUFFIX = ".safetensors"
 TOKEN_DTYPE = "<i8"
+
 
 # ---- the model's fingerprint ------------------------------------------------
 
@@ -107,15 +112,17 @@ def fingerprint(lm) -> str:
 
 def _class_tag(layer) -> Optional[str]:
     """How a cache class is named in the file (None: a class this format does not know)."""
-    from engine.kv import kv_rows
-    from loaders.vision_model import MediaState
-
+    # Our classes' modules are looked up, not imported: one not imported yet made no layer,
+    # and an import here (seconds for mlx-vlm's, on a loaded machine) held the shutdown's
+    # last writes past the engine's stop time: the warm entries never reached the disk.
+    kv_rows = sys.modules.get("engine.kv.kv_rows")
+    vision = sys.modules.get("loaders.vision_model")
     cls = type(layer)
-    if cls is MediaState:
+    if vision is not None and cls is vision.MediaState:
         return "ours:MediaState"
-    if isinstance(layer, kv_rows.CastRow):
+    if kv_rows is not None and isinstance(layer, kv_rows.CastRow):
         return f"cast:{str(cls.dtype).rsplit('.', 1)[-1]}"
-    if cls is kv_rows.QuantizedRow:
+    if kv_rows is not None and cls is kv_rows.QuantizedRow:
         return "ours:QuantizedRow"
     if getattr(lm_cache, cls.__name__, None) is cls:
         return f"mlx_lm:{cls.__name__}"
@@ -224,34 +231,17 @@ def file_name(tokens: List[int]) -> str:
     return hashlib.sha256(np.asarray(tokens, dtype=TOKEN_DTYPE).tobytes()).hexdigest()[:40] + SUFFIX
 
 
-def read_header(path: Path) -> dict:
-    """A safetensors file's metadata, read without its arrays (8-byte length, then JSON)."""
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) != 8:
-            raise ValueError("short header")
-        (n,) = struct.unpack("<Q", head)
-        if n > 1 << 28:
-            raise ValueError("header too long")
-        body = f.read(n)
-        if len(body) != n:
-            raise ValueError("short header")
-        size = os.fstat(f.fileno()).st_size
-    header = json.loads(body)
-    meta = header.get("__metadata__") or {}
-    # A torn file keeps its header: check that the arrays it names all fit in the file.
-    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-    if 8 + n + end > size:
-        raise ValueError("truncated")
-    return meta
+# ---- writing ----------------------------------------------------------------------
 
 
 def write_atomically(folder: Path, name: str, arrays: Dict[str, mx.array], metadata: Dict[str, str]) -> int:
-    """Write one entry as `folder/name`: unique temporary file, fsync, rename. Its size in bytes."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Write one entry as `folder/name`: unique temporary file, fsync, rename. Its size in bytes.
+    The folder is made private when missing (a purge while running); the file is 0600."""
+    private_dir(folder)
     tmp = folder / f".{name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp{SUFFIX}"
     try:
         mx.save_safetensors(str(tmp), arrays, metadata)
+        private_file(tmp)
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)

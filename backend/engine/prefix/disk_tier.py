@@ -5,9 +5,12 @@ On disk: `<prompt-cache folder>/<model fingerprint>/<token hash>.safetensors`
 a lookup finds the longest file whose tokens a prompt extends (or, for a cache that
 can be trimmed, shares a prefix with) from an index of the folder, refreshed when
 its listing changes (another process sharing the folder), and reads it back on the
-engine thread. A file that cannot be read is removed. A byte budget over the whole
-prompt-cache folder removes the least recently used files (mtime, refreshed on every
-hit).
+engine thread. A file is verified before anything of it is served (its metadata when the
+index reads it, its arrays when they are loaded): one that is damaged or cannot be read is
+removed, logged once with its path and counted (loaders/checksums.py); one of another
+format or model is removed. A byte budget over the whole prompt-cache folder removes the
+least recently used files (mtime, refreshed on every hit). The folders are this user's
+alone (loaders/private_files.py): one of another user's turns the tier off.
 
 Engine thread: DiskTier.lookup/read. Writer thread: the writes and the budget.
 """
@@ -25,8 +28,11 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import can_trim_prompt_cache
 
-from engine.prefix.cache_files import (FORMAT, SUFFIX, decode_cache, encode_cache, file_name, read_header, remove_file,
-                                tokens_of, tokens_text, write_atomically)
+from engine.prefix.cache_files import (FORMAT, SUFFIX, decode_cache, encode_cache, file_name, remove_file, tokens_of,
+                                       tokens_text, write_atomically)
+from engine.prefix.file_checks import Damaged, Foreign, check_arrays, check_header, read_header, seal
+from loaders import checksums
+from loaders.private_files import private_dir
 
 log = logging.getLogger("mlx-backend.prompt-store")
 
@@ -59,6 +65,13 @@ def default_disk_bytes(root: Path) -> int:
     return min(DEFAULT_DISK_BYTES, free // 4)
 
 
+def _free_bytes(folder: Path) -> str:
+    try:
+        return str(shutil.disk_usage(folder).free)
+    except OSError:
+        return "unknown"
+
+
 # ---- the writer thread -------------------------------------------------------
 
 
@@ -87,6 +100,7 @@ class Writer:
         self.disk_bytes = 0  # the whole folder, as of the last budget pass
         self.disk_files = 0
         self.writes = 0
+        self.failed_in_a_row = 0
         self._thread = threading.Thread(target=self._run, name="prompt-cache-writer", daemon=True)
         self._thread.start()
         self.put(("budget",))
@@ -118,18 +132,29 @@ class Writer:
             job, nbytes = self._jobs.get()
             try:
                 if job[0] == "write":
-                    _, tier, name, arrays, metadata = job
-                    size = write_atomically(tier.folder, name, arrays, metadata)
-                    tier.written(name, metadata, size)
-                    self.writes += 1
+                    self._write(*job[1:])
                 self._keep_budget()
             except Exception:
-                log.exception("prompt cache: a disk write failed")
+                log.exception("prompt cache: keeping the folder within its budget failed")
             finally:
                 with self._idle:
                     self._pending -= 1
                     self.queued_bytes -= nbytes
                     self._idle.notify_all()
+
+    def _write(self, tier: "DiskTier", name: str, arrays, metadata) -> None:
+        try:
+            metadata = seal(metadata, arrays)  # hashed here, off the engine thread
+            size = write_atomically(tier.folder, name, arrays, metadata)
+        except Exception as e:  # a full or read-only disk: this entry stays in memory only
+            self.failed_in_a_row += 1
+            if self.failed_in_a_row & (self.failed_in_a_row - 1) == 0:  # 1, 2, 4, ...: a full disk does not flood the log
+                log.warning("prompt cache: a disk write to %s failed (%s: %s; %s bytes free there; %d in a row)",
+                            tier.folder, type(e).__name__, e, _free_bytes(tier.folder), self.failed_in_a_row)
+            return
+        self.failed_in_a_row = 0
+        tier.written(name, metadata, size)
+        self.writes += 1
 
     def _keep_budget(self) -> None:
         """Remove least recently used files until the folder is within the budget."""
@@ -199,12 +224,14 @@ class DiskTier:
     writes go through the folder's Writer."""
 
     def __init__(self, root: Path, model_fingerprint: str, budget: int):
+        """OSError (NotPrivate among them) when the folder cannot be this user's alone."""
         self.root, self.fingerprint, self.budget = root, model_fingerprint, budget
-        self.folder = root / model_fingerprint
+        self.folder = private_dir(root / model_fingerprint)
         self.writer = writer_for(root, budget)
         self._lock = threading.Lock()  # the index: the writer adds what it wrote
         self._index: Dict[str, _Known] = {}
         self._listed = None  # the folder's mtime when last listed
+        self._refused: Dict[str, Tuple[int, int]] = {}  # name -> (mtime, size) of a file that could not be removed
         self.rescan()
 
     # -- the index
@@ -241,18 +268,45 @@ class DiskTier:
 
     def _read_known(self, name: str) -> Optional[_Known]:
         path = self.folder / name
+        if self._still_refused(path):
+            return None
         try:
             meta = read_header(path)
-            if meta.get("format") != FORMAT or meta.get("fingerprint") != self.fingerprint:
-                raise ValueError("another format or model")
+            check_header(meta, self.fingerprint)
             return _Known(tokens_of(meta["tokens"]), meta.get("trimmable") == "1",
                           meta.get("cache_type", "assistant"))
         except FileNotFoundError:
             return None
-        except Exception as e:  # torn or foreign: never served, removed
-            log.warning("prompt cache: removing unreadable file %s (%s)", name, e)
-            remove_file(path)
+        except Exception as e:  # damaged or foreign: never served, removed
+            self._drop(path, e)
             return None
+
+    def _drop(self, path: Path, error: Exception) -> None:
+        """A file that is not served: removed; logged once (counted when damaged)."""
+        then = "removed; its prompts are computed again"
+        if isinstance(error, Foreign):
+            log.warning("prompt cache: %s is not this model's (%s): removed", path, error)
+        elif isinstance(error, Damaged):
+            checksums.note_damaged(checksums.PROMPT_CACHE, path, str(error), then)
+        else:  # what the reader or the decoder raised: damage its checksum did not name
+            checksums.note_damaged(checksums.PROMPT_CACHE, path, f"{type(error).__name__}: {error}", then)
+        try:
+            st = path.stat()
+        except OSError:
+            st = None
+        remove_file(path)
+        if st is not None and path.exists():  # a read-only folder: not read (nor logged) again
+            self._refused[path.name] = (st.st_mtime_ns, st.st_size)
+
+    def _still_refused(self, path: Path) -> bool:
+        known = self._refused.get(path.name)
+        if known is None:
+            return False
+        try:
+            st = path.stat()
+        except OSError:
+            return False
+        return known == (st.st_mtime_ns, st.st_size)  # a file written there since is read anew
 
     def written(self, name: str, metadata: Dict[str, str], size: int) -> None:
         """The writer's report of a file now in place (writer thread)."""
@@ -306,17 +360,17 @@ class DiskTier:
         path = self.folder / name
         try:
             meta = read_header(path)
-            if meta.get("fingerprint") != self.fingerprint:
-                raise ValueError("another model")
+            check_header(meta, self.fingerprint)
             arrays = mx.load(str(path))
+            mx.eval(list(arrays.values()))
+            check_arrays(meta, arrays)  # before any of it becomes a cache
             cache = decode_cache(arrays, meta["layers"])
             mx.eval([layer.state for layer in cache])
         except FileNotFoundError:  # another process's budget removed it meanwhile
             self._forget(name)
             return None
         except Exception as e:
-            log.warning("prompt cache: removing unreadable file %s (%s)", name, e)
-            remove_file(path)
+            self._drop(path, e)
             self._forget(name)
             return None
         try:
@@ -351,8 +405,10 @@ class DiskTier:
             return False
         if sum(a.nbytes for a in arrays.values()) > min(self.budget, MAX_ENTRY_BYTES):
             return False
-        # The writer thread only copies buffers out: MLX runs nothing there (a thread of its
-        # own has no stream to run on), so whatever is still lazy is computed here.
+        # The writer thread only reads buffers (to hash them, then to write them): MLX runs
+        # nothing there (a thread of its own has no stream to run on), so whatever is still
+        # lazy is computed here, and made contiguous (a view's buffer is not its bytes).
+        arrays = {k: mx.contiguous(a) for k, a in arrays.items()}
         mx.eval(list(arrays.values()))
         metadata = {"format": FORMAT, "fingerprint": self.fingerprint, "tokens": tokens_text(tokens),
                     "trimmable": "1" if can_trim_prompt_cache(cache) else "0", "cache_type": cache_type,

@@ -16,10 +16,12 @@ Engine thread, but the figures (`figures`) are read by any thread.
 import logging
 from typing import Any, Dict, List, Optional, Tuple
 
-from mlx_lm.models.cache import LRUPromptCache, PromptTrie
+from mlx_lm.models.cache import LRUPromptCache, PromptTrie, can_trim_prompt_cache, trim_prompt_cache
 
+from engine.prefix import snapshots
 from engine.prefix.cache_files import fingerprint
 from engine.prefix.disk_tier import DiskTier, folder_root
+from loaders.private_files import NotPrivate, private_dir
 
 log = logging.getLogger("mlx-backend.prompt-store")
 
@@ -60,6 +62,29 @@ class PromptStore(LRUPromptCache):
                 if again is not None and len(tokens) - len(again_rest) > served:
                     cache, rest, self.source = again, again_rest, "disk"
         return cache, rest
+
+    def nearest(self, model, key: List[Any]) -> Tuple[Any, List[Any]]:
+        """The longest cached prefix of `key` and the rest to prefill (at least one token, for
+        the logits: a wholly cached prompt recomputes its last token), counted as a hit."""
+        cache, rest = self.fetch_nearest_cache(model, key)
+        if cache is not None and not rest:
+            if can_trim_prompt_cache(cache):
+                trim_prompt_cache(cache, 1)
+                rest = key[-1:]
+            else:  # the longest entry short of the whole key: an end-of-prompt snapshot is one
+                cache, rest = self.fetch_nearest_cache(model, key[:-1])
+                rest = list(rest) + key[-1:]
+        self.count_hit(len(key) - len(rest) if cache is not None else 0)
+        return cache, rest
+
+    def keep_snapshot(self, model, tokens: List[int], cache: List[Any], prompt_length: int) -> None:
+        """A snapshot taken during a prompt's prefill, accounted and evicted with every other
+        entry. Losing one must not fail the request."""
+        kind = snapshots.END_OF_PROMPT if len(tokens) == prompt_length - 1 else snapshots.SHARED_PREFIX
+        try:
+            self.insert_cache(model, tokens, cache, cache_type=kind)
+        except Exception:
+            log.exception("keeping a %d-token snapshot failed", len(tokens))
 
     def count_hit(self, tokens: int) -> None:
         """A prompt started from the last fetch's cache with `tokens` of it (what the caller used:
@@ -145,14 +170,20 @@ DISK_KINDS = ("text", "vision")
 
 
 def make_store(lm, max_size: int, max_bytes: int, disk_bytes: int) -> PromptStore:
-    """The prefix cache of `lm`: a disk tier when `disk_bytes` > 0 and the folder can be made."""
+    """The prefix cache of `lm`: a disk tier when `disk_bytes` > 0 and its folders can be made
+    this user's alone (loaders/private_files.py); else memory only, and one log line why."""
     disk = None
     if disk_bytes > 0 and getattr(lm, "kind", "text") in DISK_KINDS:
         root = folder_root()
         try:
-            root.mkdir(parents=True, exist_ok=True)
+            private_dir(root)
             disk = DiskTier(root, fingerprint(lm), disk_bytes)
+            # The folder's name is a hash: this line is how an operator finds one model's files.
+            log.info("prompt cache: the files of %s are in %s", lm.source, disk.folder)
         except OSError as e:
-            log.warning("prompt cache: no disk tier (%s: %s)", root, e)
+            where = f"{e.filename}: {e.strerror}" if e.filename and e.strerror else f"{root}: {e}"
+            hint = (" (it holds users' prompts: chown or remove it, or set MLX_BACKEND_PROMPT_CACHE_DIR)"
+                    if isinstance(e, NotPrivate) else "")
+            log.warning("prompt cache: the disk tier is off: %s%s", where, hint)
     return PromptStore(max_size=max_size, max_bytes=max_bytes, disk=disk)
 

@@ -266,7 +266,7 @@ class Solo:
 
     def rejoin(self, gen, on_error: Callable[[Exception], None]) -> int:
         """Back into the batch generator from where it is; its new uid there."""
-        from engine.lanes.text_batch import _argmax, guarded
+        from engine.lanes.sampling import argmax as _argmax, guarded
 
         cache, held = self.release()
         if cache is None:

@@ -1,0 +1,149 @@
+"""Which lane generates for a loaded model: its cache classes, then a check at load.
+
+The batch (lanes/text_batch.py, lanes/vision_batch.py) serves many requests at once by
+merging their caches; it is used where it gives the text the library's own single stream
+gives. The solo lane (lanes/solo.py, lanes/solo_vision.py) runs one request at a time
+through the library's own generation step: the library's text by construction, and the
+reference the batch is checked against. Decided from what the model does, never its name:
+
+- a cache class mlx-lm's batch cannot merge (loaders/cache_kinds.py): solo;
+- else `decide` (on the loading thread, while the previous model keeps serving): three short
+  greedy requests of different lengths run through the solo lane, one at a time, then
+  through the batch, two prefilled together (the shorter one padded) and one joining them
+  while they decode (lane_probe.py). The batch is kept when every request gives the solo
+  lane's tokens, compared up to the first step whose top-2 margin is under MARGIN (there
+  float rounding alone may pick the other token). If it raises or differs, the batch is tried
+  once more with each prompt prefilled alone and merged only to decode, so no padding reaches
+  a recurrent state (mamba, jamba); a model with a recurrent state (an ArraysCache layer) is
+  never batched padded, checked prefilled alone from the start; if that differs too, solo;
+- then `trial` (on the engine thread, where requests run): one request through the chosen
+  lane; a batch that fails it gives way to solo; a model failing in the solo lane too is refused.
+
+The solo lane failing a request means the library's own step cannot generate with the model
+here: refused at LoadModel with that reason. The load option `lane` (batch or solo) skips
+the check; only the trial runs. Cost at load: 6 to 9 short generations of a few tokens
+(prepare/probe.py) on the loading thread, once per model on a machine (lane_verdicts.py keeps
+the verdict), and one on the engine thread at every load.
+"""
+
+import logging
+from typing import Callable, List, Optional
+
+from engine import lane_probe, lane_verdicts
+from loaders import cache_kinds
+from loaders.loaded import Lane, ModelLoadError, materialize
+
+log = logging.getLogger("mlx-backend.engine")
+
+MARGIN = 1e-3  # a step whose top-2 log-probabilities are closer than this ends a comparison
+UNCHECKED = "not checked: no probe request fits this model"
+_NAMES = "ABCDEFGH"
+
+
+def lane_figures(lm) -> dict:
+    """For Status: the lane of the model served (none when nothing is)."""
+    if lm is None:
+        return {}
+    lane = getattr(lm, "lane", Lane())
+    return {"lane_solo": int(lane.solo), "lane_prefill_alone": int(lane.prefill_alone)}
+
+
+def decide(lm, config, probes: Callable[[], List], forced: str = "auto") -> None:
+    """Set lm.lane (loading thread): by the load option `forced` (batch, solo), else from the
+    model's caches and the check. `probes()` gives fresh probe requests for a run. Raises
+    ModelLoadError when the library's own step fails, or when lane:batch cannot merge the caches."""
+    unmergeable = cache_kinds.unmergeable(lm.model)
+    if forced == "solo":
+        lm.lane = Lane(solo=True, reason="load option lane:solo")
+    elif forced == "batch":
+        if unmergeable:
+            raise ModelLoadError(f"lane:batch cannot serve this model: its {unmergeable} cache cannot be merged "
+                                 f"into mlx-lm's batch (leave lane unset for the solo lane)")
+        lm.lane = Lane(reason="load option lane:batch")
+    else:
+        kept = lane_verdicts.read(lm, config)
+        if kept is not None:
+            lm.lane = Lane(kept.solo, kept.prefill_alone, f"{kept.reason}; found by the check at an earlier load")
+        else:
+            lm.lane = _checked(lm, config, probes, unmergeable)
+            if lm.lane.reason != UNCHECKED:
+                lane_verdicts.write(lm, config, lm.lane)
+    log.info("lane: %s (%s; caches: %s)", lm.lane.name, lm.lane.reason, ", ".join(cache_kinds.of(lm.model)))
+
+
+def _checked(lm, config, probes: Callable[[], List], unmergeable: Optional[str]) -> Lane:
+    import mlx.core as mx
+
+    if unmergeable:  # the trial shows the solo lane generates
+        return Lane(solo=True, reason=f"its {unmergeable} cache cannot be merged into mlx-lm's batch")
+    stream = mx.default_stream(mx.default_device())
+
+    def outcomes(lane: Lane, requests: Optional[List] = None, together: int = lane_probe.TOGETHER):
+        lm.lane = lane
+        return lane_probe.run(lm, config, requests or probes(), stream, together=together)
+
+    def batched(lane: Lane) -> Optional[str]:
+        """How the lane differs from the reference: two arriving together, the third joining them."""
+        return differs(reference, outcomes(lane))
+
+    first = probes()
+    if not first:  # none could be prepared for this model (a context shorter than they are)
+        return Lane(reason=UNCHECKED)
+    try:
+        reference = outcomes(Lane(solo=True), first)
+        failed = next((o.error for o in reference if o.error), None)
+        if failed:
+            raise ModelLoadError(f"the library's own generation step fails with this model here: {failed}")
+        if cache_kinds.recurrent(lm.model) and not lm.serves.media:
+            # Padding entering a recurrent state changes it whatever a few probes show (a tiny
+            # nemotron_h passed them padded and failed on other prompts): never padded.
+            why = "keeps a recurrent state, which left padding would enter"
+        else:
+            why = batched(Lane())
+        if why is None:
+            return Lane(reason="batched, it gives the single stream's tokens")
+        if not lm.serves.media:  # the vision batch prefills each prompt on its own already
+            if batched(Lane(prefill_alone=True)) is None:
+                return Lane(prefill_alone=True, reason=f"batched, it {why}; prefilled alone, it gives "
+                                                       f"the single stream's tokens")
+        return Lane(solo=True, reason=f"batched, it {why}")
+    finally:
+        # Whatever the runs left on the model unevaluated would be bound to this thread's stream.
+        materialize(lm.vision.vlm if lm.vision is not None else lm.model)
+
+
+def differs(reference: List[lane_probe.Outcome], got: List[lane_probe.Outcome]) -> Optional[str]:
+    """How `got` differs from the reference run of the same requests (None: it does not)."""
+    for name, ref, out in zip(_NAMES, reference, got):
+        if out.error:
+            return f"fails request {name} ({out.error})"
+        for i, (token, margin) in enumerate(zip(ref.tokens, ref.margins)):
+            if margin < MARGIN:  # a near tie: past it either token is the library's
+                break
+            if i >= len(out.tokens) or out.tokens[i] != token:
+                return f"gives other tokens than the single stream (request {name}, token {i + 1})"
+        else:
+            if out.tokens[len(ref.tokens):] or out.finish != ref.finish:
+                return f"ends request {name} otherwise than the single stream"
+    return None
+
+
+def trial(lm, config, requests: List, stream, beat: Callable[[], None], fallback: bool) -> None:
+    """One request through lm's lane on the engine thread, as requests will run. A batch that
+    fails it gives way to the solo lane (with `fallback`: the lane was not fixed by an option),
+    tried with the next request and kept as the verdict; ModelLoadError when no lane serves it."""
+    if not requests:
+        return
+    got = lane_probe.run(lm, config, requests[:1], stream, beat)[0]
+    if got.error is None:
+        return
+    if lm.lane.solo or not fallback or len(requests) < 2:
+        raise ModelLoadError(f"a request fails in the {lm.lane.name} lane: {got.error}")
+    log.warning("lane: a request fails in the batch (%s); trying the solo lane", got.error)
+    batch_error = got.error
+    lm.lane = Lane(solo=True, reason=f"a request fails in the batch: {batch_error}")
+    got = lane_probe.run(lm, config, requests[1:2], stream, beat)[0]
+    if got.error is not None:
+        raise ModelLoadError(f"requests fail in the batch ({batch_error}) and in the solo lane ({got.error})")
+    lane_verdicts.write(lm, config, lm.lane)
+    log.info("lane: solo (%s)", lm.lane.reason)

@@ -1,0 +1,49 @@
+"""The solo lane of a vision model: one request at a time through mlx-vlm's own generation step.
+
+For a vision family whose prompts the batch cannot prefill as mlx-vlm does (Gemma 3's own
+attention mask over its image tokens) or whose batched text differs from mlx-vlm's own
+(engine/lane_choice.py decides at load), each request runs alone through
+`mlx_vlm.generate.generate_step` with the inputs preparation made (the processor's arrays,
+the prompt's token ids, a mask of ones as the processor gives one prompt) and the request's
+own sampler and logits processors; a request without media goes the same way, with no pixels.
+mlx-vlm's step embeds and prefills the whole prompt in its first call (its own chunked
+prefill over the image features), then gives one token a step.
+
+No prefix cache: a vision family's language model keeps positions of the images it has seen
+outside its cache (Qwen's multimodal RoPE state), which mlx-vlm's step sets from the whole
+prompt; every prompt is prefilled whole. Engine thread only.
+"""
+
+from typing import Any, Iterator, List, Tuple
+
+import mlx.core as mx
+
+from engine.lanes.batch import Capabilities
+from engine.lanes.sampling import argmax
+from engine.lanes.solo import SoloBatch, _Run
+
+
+class SoloVisionBatch(SoloBatch):
+    capabilities = Capabilities(max_running=1)  # no prefix cache to share with forward work
+
+    def _store(self, entries: int, max_bytes: int, disk_bytes: int):
+        return None
+
+    def _new_cache(self) -> List[Any]:
+        from mlx_vlm.models.cache import make_prompt_cache  # mlx-vlm's own cache classes, as its step makes them
+
+        return make_prompt_cache(self.lm.vision.vlm.language_model)
+
+    def _pieces(self, body: List[int], start: int, at: List[int]) -> List[List[int]]:
+        return []  # mlx-vlm's step prefills the prompt itself, from its embeddings
+
+    def _steps(self, run: _Run) -> Iterator[Tuple[int, Any]]:
+        from mlx_vlm.generate import generate_step
+
+        arrays = {k: mx.array(v) for k, v in run.media.arrays.items()} if run.media is not None else {}
+        pixels = arrays.pop("pixel_values", None)
+        ids = mx.array([run.prompt])
+        # An explicit sampler: left None, mlx-vlm would sample by the checkpoint's generation config.
+        return generate_step(
+            ids, self.lm.vision.vlm, pixels, mx.ones(ids.shape, dtype=mx.int32), max_tokens=run.max_tokens,
+            sampler=run.sampler or argmax, logits_processors=run.processors, prompt_cache=run.cache, **arrays)

@@ -1,0 +1,165 @@
+"""`make package`'s parts that need no build: the gallery against LocalAI's platform filter,
+the relocation of scripts and of the interpreter's library path, the docker-archive layout."""
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from common.launcher import REPO
+
+sys.path.insert(0, os.path.join(REPO, "bundle"))
+
+import docker_archive  # noqa: E402
+import elf  # noqa: E402
+import gallery  # noqa: E402
+import precompile  # noqa: E402
+import relocate  # noqa: E402
+
+
+# ---- LocalAI's side, from its pkg/system/capabilities.go (the oracle) -------------
+
+def localai_offers(name: str, uri: str, capability: str) -> bool:
+    """IsBackendCompatible: name + uri, lower-cased, matched as substrings."""
+    text = f"{name} {uri}".lower()
+    if any(t in text for t in ("darwin", "mlx", "metal")):
+        return capability in ("metal", "darwin-x86")
+    if "l4t" in text:
+        return capability.startswith("nvidia-l4t")
+    if "cuda" in text or "nvidia" in text:
+        return capability.startswith("nvidia")
+    if any(t in text for t in ("rocm", "hip", "amd")):
+        return capability == "amd"
+    if "sycl" in text or "intel" in text:
+        return capability == "intel"
+    return True
+
+
+def localai_pick(capabilities: dict, capability: str) -> str:
+    """Capability(): the reported one if the meta entry maps it, else default, else cpu."""
+    for key in (capability, "default", "cpu"):
+        if key in capabilities:
+            return capabilities[key]
+    return ""
+
+
+@pytest.mark.parametrize("built", [[], ["cuda12"]])
+def test_each_host_gets_the_build_made_for_it(built):
+    meta, *entries = gallery.index("quay.io/someone/mx-backend", "v1", built)
+    by_name = {e["name"]: e for e in entries}
+    assert "uri" not in meta and "mlx" not in by_name
+    expected = {"metal": "metal-mlx-backend", "default": "cpu-mx-backend", "amd": "cpu-mx-backend",
+                "intel": "cpu-mx-backend"}
+    if built:
+        expected.update({c: "cuda12-mx-backend" for c in ("nvidia", "nvidia-cuda-12", "nvidia-cuda-13")})
+    else:
+        expected["nvidia-cuda-12"] = "cpu-mx-backend"
+    for capability, name in expected.items():
+        assert localai_pick(meta["capabilities"], capability) == name, capability
+        assert localai_offers(name, by_name[name]["uri"], capability), (capability, by_name[name]["uri"])
+    # And no build is offered where it cannot run.
+    assert not localai_offers("metal-mlx-backend", by_name["metal-mlx-backend"]["uri"], "default")
+    if built:
+        assert not localai_offers("cuda12-mx-backend", by_name["cuda12-mx-backend"]["uri"], "default")
+
+
+@pytest.mark.parametrize("image", ["quay.io/me/mlx-backend", "ghcr.io/me/backend-amd64", "docker.io/intel/x"])
+def test_an_image_prefix_that_would_hide_the_linux_build_is_refused(image):
+    with pytest.raises(SystemExit, match="LocalAI would offer"):
+        gallery.index(image, "latest", [])
+
+
+# ---- relocation ----------------------------------------------------------------
+
+
+def test_a_console_script_runs_after_its_folder_moves(tmp_path):
+    built = tmp_path / "build here"
+    (built / "bin").mkdir(parents=True)
+    os.symlink(sys.executable, built / "bin" / "python3")
+    script = built / "bin" / "hello"
+    script.write_text(f"#!{built}/bin/python3\nimport sys\nprint('hello', *sys.argv[1:])\n")
+    script.chmod(0o755)
+    assert sorted(relocate.problems(built, [str(built)])) == [
+        f"bin/hello: names {built}", f"bin/python3: symlink to {sys.executable} leaves the tree"]
+    assert relocate.rewrite_shebangs(built / "bin", str(built)) == 1
+    moved = tmp_path / "moved elsewhere"
+    os.rename(built, moved)
+    out = subprocess.run([str(moved / "bin" / "hello"), "a b"], capture_output=True, text=True, check=True).stdout
+    assert out == "hello a b\n"
+    assert relocate.problems(moved, [str(built)]) == [f"bin/python3: symlink to {sys.executable} leaves the tree"]
+
+
+def test_problems_name_what_a_move_breaks(tmp_path):
+    (tmp_path / "lib" / "site").mkdir(parents=True)
+    (tmp_path / "lib" / "site" / "x.pth").write_text(f"{tmp_path}/lib\n")
+    (tmp_path / "lib" / "ok.txt").write_text(f"{tmp_path} in a file nobody moves by\n")
+    os.symlink("../ok.txt", tmp_path / "lib" / "site" / "inside")
+    os.symlink("../../..", tmp_path / "lib" / "site" / "outside")
+    assert sorted(relocate.problems(tmp_path, [str(tmp_path)])) == [
+        "lib/site/outside: symlink to ../../.. leaves the tree", f"lib/site/x.pth: names {tmp_path}"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not sysconfig.get_config_var("Py_ENABLE_SHARED"),
+                    reason="a Linux interpreter linked to libpython")
+def test_the_copied_interpreter_loads_the_libpython_beside_it(tmp_path):
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    soname = sysconfig.get_config_var("INSTSONAME")
+    root = tmp_path / "py"
+    (root / "bin").mkdir(parents=True)
+    (root / "lib").mkdir()
+    shutil.copy2(Path(sys.base_prefix) / "bin" / version, root / "bin" / version)
+    shutil.copy2(Path(sysconfig.get_config_var("LIBDIR")) / soname, root / "lib" / soname)
+    if not elf.search_paths(root / "bin" / version):
+        pytest.skip("this interpreter has no library search path to rewrite")
+    assert elf.replace_search_path(root / "bin" / version, sys.base_prefix, "$ORIGIN/../lib")
+    maps = subprocess.run([str(root / "bin" / version), "-c", "print(open('/proc/self/maps').read())"],
+                          capture_output=True, text=True, check=True, env={"PATH": "/usr/bin:/bin"}).stdout
+    assert str(root / "lib" / soname) in maps
+
+
+# ---- the docker-archive layout ---------------------------------------------------
+
+
+def test_the_archive_is_one_image_whose_layer_is_the_folder(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "a dir").mkdir(parents=True)
+    (tree / "run.sh").write_text("#!/bin/sh\n")
+    (tree / "run.sh").chmod(0o755)
+    (tree / "a dir" / "data").write_bytes(b"x" * 10)
+    os.symlink("../run.sh", tree / "a dir" / "link")
+    out = tmp_path / "image.tar"
+    assert docker_archive.write(tree, out, repo_tag="localhost:5000/x:latest-cpu") == out.stat().st_size
+    with tarfile.open(out) as outer:
+        names = outer.getnames()
+        manifest = json.load(outer.extractfile("manifest.json"))
+        assert len(manifest) == 1 and not any(n.startswith(("./", "/")) for n in names)
+        config = json.load(outer.extractfile(manifest[0]["Config"]))
+        layer_bytes = outer.extractfile(manifest[0]["Layers"][0]).read()
+    assert manifest[0]["RepoTags"] == ["localhost:5000/x:latest-cpu"]
+    assert config["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(layer_bytes).hexdigest()]
+    with tarfile.open(fileobj=io.BytesIO(layer_bytes)) as layer:
+        members = {m.name: m for m in layer.getmembers()}
+    assert sorted(members) == ["a dir", "a dir/data", "a dir/link", "run.sh"]
+    assert members["run.sh"].mode & 0o777 == 0o755 and members["a dir/link"].linkname == "../run.sh"
+    assert all(m.uid == 0 and m.gid == 0 and not m.uname for m in members.values())
+
+
+# ---- byte-code for what the server imports ------------------------------------------
+
+
+def test_every_absolute_import_is_warmed_with_the_names_it_takes(tmp_path):
+    (tmp_path / "a.py").write_text("import os, json as j\nfrom transformers import AutoTokenizer\n"
+                                   "def f():\n    from mlx_vlm.utils import load, prepare_inputs\n"
+                                   "    from . import sibling\n    from transformers import *\n")
+    (tmp_path / "b.py").write_text("import mlx_vlm.utils\nfrom transformers import PreTrainedTokenizerFast\n")
+    assert precompile.imports_of([tmp_path / "a.py", tmp_path / "b.py"]) == [
+        ("json", []), ("mlx_vlm.utils", ["load", "prepare_inputs"]), ("os", []),
+        ("transformers", ["AutoTokenizer", "PreTrainedTokenizerFast"])]

@@ -1,0 +1,188 @@
+"""The pure parts of the lane choice and the solo lane: comparing a lane's run with the
+reference run, what Status reports, which caches the prefix cache serves, how the solo
+lane cuts a prefill, and the admission bounds of a lane that runs one request at a time."""
+
+from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache, KVCache, RotatingKVCache
+
+from engine.admission import Admission
+from engine.config import EngineConfig
+from engine.lane_choice import differs, lane_figures
+from engine.lane_probe import Outcome
+from engine.lanes.solo import SoloBatch
+from engine.prefix import kinds
+from engine.requests import Request
+from loaders.loaded import Lane
+
+
+def out(tokens, margins=None, finish="length", error=None):
+    return Outcome(tokens=list(tokens), logprobs=[-0.1] * len(tokens),
+                   margins=list(margins or [1.0] * len(tokens)), finish=finish, error=error)
+
+
+def test_the_same_tokens_do_not_differ():
+    ref = [out([1, 2, 3]), out([4, 5, 6])]
+    assert differs(ref, [out([1, 2, 3]), out([4, 5, 6])]) is None
+
+
+def test_another_token_differs_and_says_where():
+    why = differs([out([1, 2, 3]), out([4, 5, 6])], [out([1, 2, 3]), out([4, 9, 6])])
+    assert why == "gives other tokens than the single stream (request B, token 2)"
+
+
+def test_past_a_near_tie_either_token_is_the_librarys():
+    ref = [out([1, 2, 3], margins=[1.0, 5e-4, 1.0])]
+    assert differs(ref, [out([1, 7, 8])]) is None
+    assert differs(ref, [out([9, 7, 8])]) == "gives other tokens than the single stream (request A, token 1)"
+
+
+def test_a_failed_request_or_another_end_differs():
+    ref = [out([1, 2, 3])]
+    assert differs(ref, [out([], error="INTERNAL: boom")]) == "fails request A (INTERNAL: boom)"
+    assert differs(ref, [out([1, 2, 3], finish="stop")]) == "ends request A otherwise than the single stream"
+    assert differs(ref, [out([1, 2])]) == "gives other tokens than the single stream (request A, token 3)"
+
+
+def test_status_says_the_lane():
+    class Served:
+        lane = Lane(solo=True)
+
+    assert lane_figures(None) == {}
+    assert lane_figures(Served()) == {"lane_solo": 1, "lane_prefill_alone": 0}
+    Served.lane = Lane(prefill_alone=True)
+    assert lane_figures(Served()) == {"lane_solo": 0, "lane_prefill_alone": 1}
+    assert (Lane().name, Lane(solo=True).name) == ("batch", "solo")
+    assert Lane(prefill_alone=True).name == "batch, each prompt prefilled alone"
+
+
+def test_the_prefix_cache_serves_the_kinds_it_can_cut_back_exactly():
+    assert kinds.unserved([KVCache(), RotatingKVCache(max_size=8), ArraysCache(2)]) is None
+    assert kinds.unserved([CacheList(KVCache(), ArraysCache(1))]) is None
+    assert kinds.unserved([KVCache(), ChunkedKVCache(8)]) == "ChunkedKVCache"
+    assert kinds.unserved([CacheList(KVCache(), object())]) == "object"
+
+
+def test_the_solo_prefill_is_cut_by_chunks_and_at_snapshot_positions():
+    lane = SoloBatch.__new__(SoloBatch)
+    lane.prefill_step_size = 4
+    body = list(range(10, 20))  # prompt positions 3..12, the prompt's last token (13) left to the step
+    assert lane._pieces(body, 3, []) == [[10, 11, 12, 13], [14, 15, 16, 17], [18, 19]]
+    # Snapshots at 5 and at the end of the body (13): a chunk ends at each.
+    assert lane._pieces(body, 3, [5, 13]) == [[10, 11], [12, 13, 14, 15], [16, 17, 18, 19]]
+    assert lane._pieces([], 7, [7]) == []
+
+
+def test_a_lane_of_one_place_bounds_the_queue_by_that_place():
+    config = EngineConfig(max_sequences=8, max_waiting=1, kv_budget_bytes=0)
+    admission = Admission()
+    admission.reset(None, config, None)
+    request = Request(prompt=[1, 2, 3], max_tokens=4)
+    # One running in the solo lane (one place): one may wait, the next is refused.
+    assert admission.reserve(request, None, config, 1, 1, 0)[1] is None
+    why = admission.reserve(request, None, config, 1, 1, 1)[1]
+    assert why is not None and "max_waiting=1" in why
+    # The batch's eight places: the same request would be admitted this pass.
+    assert admission.reserve(request, None, config, 8, 1, 1)[1] is None
+
+
+def test_an_open_ended_request_in_a_lane_of_one_place_gets_the_whole_budget():
+    class Model:
+        kv_bytes_per_token = 10
+
+    config = EngineConfig(max_sequences=4, kv_budget_bytes=1000)
+    admission = Admission()
+    admission.reset(Model(), config, None)
+
+    def shortened(places: int) -> int:
+        request = Request(prompt=[1] * 10, max_tokens=10_000, open_ended=True)
+        admission.reserve(request, Model(), config, places, 0, 0)
+        return request.max_tokens
+
+    assert shortened(4) == 1000 // 4 // 10 - 10
+    assert shortened(1) == 1000 // 10 - 10
+
+
+def test_a_verdict_is_kept_per_model_and_batch_settings(tmp_path, monkeypatch):
+    from engine import lane_verdicts
+    from loaders.loaded import LoadedModel
+
+    monkeypatch.setenv("MLX_BACKEND_CACHE_DIR", str(tmp_path))
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    lm = LoadedModel(name="m", source=str(tmp_path / "model"), model=None, tokenizer=None, config={},
+                     context_size=64, dtype="float32", options={}, load_seconds=0.0)
+    config = EngineConfig()
+    assert lane_verdicts.read(lm, config) is None
+    lane_verdicts.write(lm, config, Lane(prefill_alone=True, reason="why"))
+    assert lane_verdicts.read(lm, config) == Lane(prefill_alone=True, reason="why")
+    assert lane_verdicts.read(lm, EngineConfig(max_sequences=2)) is None  # another batch: checked again
+    (tmp_path / "model" / "config.json").write_text('{"changed": 1}')  # another model file: again
+    assert lane_verdicts.read(lm, config) is None
+
+
+def test_a_kept_verdict_is_private_and_a_damaged_one_is_checked_again(tmp_path, monkeypatch):
+    import json
+    import os
+    import stat
+
+    from engine import lane_verdicts
+    from loaders import checksums
+    from loaders.loaded import LoadedModel
+
+    monkeypatch.setenv("MLX_BACKEND_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    lm = LoadedModel(name="m", source=str(tmp_path / "model"), model=None, tokenizer=None, config={},
+                     context_size=64, dtype="float32", options={}, load_seconds=0.0)
+    config = EngineConfig()
+    old = os.umask(0)
+    try:
+        lane_verdicts.write(lm, config, Lane(solo=True, reason="the batch differs"))
+    finally:
+        os.umask(old)
+    (path,) = (tmp_path / "cache" / "lanes").glob("*.json")
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700 and stat.S_IMODE(path.stat().st_mode) == 0o600
+    kept = json.loads(path.read_text())
+    kept["solo"] = False  # a verdict that would put a solo-lane model in the batch
+    path.write_text(json.dumps(kept))
+    before = checksums.figures()[checksums.LANE_CACHE]
+    assert lane_verdicts.read(lm, config) is None
+    assert not path.exists() and checksums.figures()[checksums.LANE_CACHE] == before + 1
+
+
+def test_a_failing_generation_step_fails_its_request_alone_and_the_lane_goes_on():
+    from mlx_lm.models.cache import KVCache as Plain
+
+    from engine.lanes.batch import Failed
+    from engine.lanes.sampling import SamplingParams
+
+    class Model:
+        calls = 0
+
+        def make_cache(self):
+            return [Plain()]
+
+        def __call__(self, inputs, cache=None):
+            Model.calls += 1
+            raise ValueError("the library raised")
+
+    class Tokenizer:
+        eos_token_ids = {2}
+
+        def __len__(self):
+            return 32
+
+    class Loaded:
+        model, tokenizer, epoch, kind = Model(), Tokenizer(), 1, "text"
+
+    import mlx.core as mx
+
+    lane = SoloBatch(Loaded(), prefill_step_size=4, prompt_cache_bytes=1 << 20, prompt_cache_entries=4,
+                     stream=mx.default_stream(mx.default_device()))
+    uid, cached, first = lane.admit([5, 6, 7], 4, SamplingParams(), [], False, on_error=lambda e: None)
+    assert (cached, first) == (0, None)
+    (failed,) = lane.step()
+    assert isinstance(failed, Failed) and failed.uid == uid and "the library raised" in str(failed.error)
+    assert Model.calls == 1
+    assert lane.step() == [] and lane.remove([uid]) == {}
+    # The lane takes the next request.
+    assert lane.admit([5, 6], 4, SamplingParams(), [], False, on_error=lambda e: None)[0] != uid

@@ -1,0 +1,72 @@
+"""The family matrices' results file and the doc page written from it (tests/zoo/)."""
+
+import json
+
+import pytest
+
+from zoo import families_doc, text_families
+from zoo.results import Results, entry
+
+
+def _results():
+    return {"library": "mlx-lm 0.32.2", "families": {
+        "llama": entry("served", lane="batch", cache_kinds=["KVCache"], alone=True, batched=True, stream=True,
+                       prefix=True, speculation=True, score=True),
+        "mamba": entry("served", "batched: C: 'x' != library 'y'", lane="batch", cache_kinds=["ArraysCache"],
+                       alone=True, batched=False, stream=True, prefix=True, speculation=True, score=True),
+        "llama4": entry("refused", "cannot be batched | by mlx-lm's BatchGenerator", cache_kinds=["ChunkedKVCache"]),
+        "olmo": entry("library-cannot", "To run olmo install ai2-olmo"),
+        "prism": entry("not-built", "no tiny config"),
+        "phi3small": entry("library-cannot", "crashes in /usr/lib/python3/site-packages/mlx/core.so here"),
+    }}
+
+
+def test_every_family_is_in_the_doc_served_ones_in_the_table_the_others_with_their_reason():
+    page = families_doc.render(_results())
+    assert "| `llama` | batch | KVCache | yes | yes | yes | yes | yes | yes |" in page
+    assert "| `mamba` | batch | ArraysCache | yes | **no** | yes | yes | yes | yes |" in page
+    assert "- `mamba` (served, not exact): batched: C: 'x' != library 'y'" in page
+    # A reason's "|" would break the table the list sits under in a Markdown viewer.
+    assert "- `llama4` (refused): cannot be batched / by mlx-lm's BatchGenerator" in page
+    assert "- `olmo` (library-cannot): To run olmo install ai2-olmo" in page
+    assert "- `prism` (not-built): no tiny config" in page
+    assert "- `phi3small` (library-cannot): crashes in <path> here" in page
+    assert "`llama` (" not in page  # exact: in the table only
+    assert ("6 families: 1 served exactly, 1 served, not exact, 1 refused, 2 library-cannot, 1 not-built "
+            "(2 in the batch lane).") in page
+    assert families_doc.VISION_UNMATRIXED in page and "Vision families (" not in page  # no vision table
+
+
+def test_the_vision_section_comes_with_vision_results():
+    vision = {"library": "mlx-vlm 0.7.10", "families": {
+        "qwen2_vl": entry("served", lane="batch", cache_kinds=["KVCache"], alone=True, batched=True, images=True,
+                          video=None)}}
+    page = families_doc.render(_results(), vision)
+    assert "## Vision families (mlx-vlm 0.7.10)" in page
+    assert "| `qwen2_vl` | batch | KVCache | yes | yes | – | – | yes | – |" in page
+
+
+def test_results_are_rewritten_whole_after_each_family(tmp_path):
+    results = Results(tmp_path / "text.json", "mlx-lm 0.32.2")
+    results.record("llama", entry("served", alone=True))
+    results.record("olmo", entry("library-cannot", "a package"))
+    data = json.loads((tmp_path / "text.json").read_text())
+    assert set(data["families"]) == {"llama", "olmo"}
+    assert data["families"]["llama"]["checks"] == {c: (True if c == "alone" else None) for c in
+                                                   data["families"]["llama"]["checks"]}
+    assert list(tmp_path.iterdir()) == [tmp_path / "text.json"]
+
+
+def test_an_entry_refuses_what_the_schema_does_not_have():
+    with pytest.raises(ValueError):
+        entry("exact")
+    with pytest.raises(ValueError):
+        entry("served", pictures=True)
+
+
+def test_the_family_set_is_what_mlx_lm_ships_remapped_names_included():
+    families = text_families.families()
+    assert {"llama", "qwen3", "mamba", "llama4"} <= set(families)
+    assert {"mistral", "falcon_mamba", "qwen2_5_vl"} <= set(families)  # MODEL_REMAPPING's names
+    assert text_families.module_of("mistral") == "llama"
+    assert not {"cache", "base", "rope_utils", "switch_layers"} & set(families)  # helpers, no Model
