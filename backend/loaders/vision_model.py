@@ -150,6 +150,7 @@ class VisionParts:
     takes_audio: bool = False
     video_block: str = ""  # the text that stands for one video in a raw prompt
     extra: Dict[str, Any] = field(default_factory=dict)  # frame sampling for videos (fps, max_frames)
+    batch_obstacle: Optional[str] = None  # why the vision batch cannot give mlx-vlm's text (batch_obstacle)
 
 
 def _video_options(options, bounds) -> Dict[str, Any]:
@@ -210,8 +211,8 @@ def _embedded_test_image(parts: "VisionParts"):
 
 def batch_obstacle(ids, features) -> Optional[str]:
     """Why the batch cannot give mlx-vlm's text for this family (None: it can), from a test
-    image's prompt ids and embedding-step outputs. mlx-vlm's own generation step (a solo
-    lane) serves such a family; the batch does not:
+    image's prompt ids and embedding-step outputs. mlx-vlm's own generation step (the solo
+    lane, engine/lane_choice.py) serves such a family; the batch does not:
     - embeddings longer or shorter than the prompt (mlx-vlm's LLaVA-NeXT puts all of an
       image's features at the first of the image tokens its processor wrote, and keeps the
       rest): mlx-vlm prefills the embeddings' positions, the batch places and caches a
@@ -277,8 +278,7 @@ def load_vision(spec, source: str, started: float):
         obstacle = batch_obstacle(*_embedded_test_image(parts))
     except ModelLoadError as e:
         raise ModelLoadError(f"{source}: {parts.model_type} images cannot be served here: {e}") from None
-    if obstacle:  # until a lane without the batch serves it: refused, not silently other text
-        raise ModelLoadError(f"{source}: {parts.model_type} images are not served here: {obstacle}")
+    parts.batch_obstacle = obstacle  # the lane choice sends such a family to the solo lane
     ctx = spec.context_size or int(config.get("max_position_embeddings")
                                    or config.get("text_config", {}).get("max_position_embeddings") or 4096)
     mx.clear_cache()
