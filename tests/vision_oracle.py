@@ -2,9 +2,9 @@
 
 Reads a list of jobs {"model": dir, "question": text, "images": [[seed, width, height]...],
 "max_tokens": n, "video": seed or null} as JSON on stdin (pictures and clips as vision_fixture
-draws them); writes per job {"images": per picture the token ids of mlx-vlm's
-`stream_generate` (temperature 0, at most max_tokens) up to the first step whose top-2 margin
-is under MARGIN (past it, any float reordering may pick the other token, so a comparison ends
+draws them); writes per job, a JSON line each as it is done, {"images": per picture the token
+ids of mlx-vlm's `stream_generate` (temperature 0, at most max_tokens) up to the first step
+whose top-2 margin is under MARGIN (past it, any float reordering may pick the other token, so a comparison ends
 there), "video": the same for a clip of that seed (when asked and the family's prompt holds
 it), "cache_kinds": the classes of the language model's prompt cache, "error": why the library
 itself failed, else null, "video_error": the same for the clip}. Nothing of the backend is
@@ -15,10 +15,8 @@ import base64
 import io
 import json
 import os
-import subprocess
 import sys
 import tempfile
-from concurrent.futures import Future, ThreadPoolExecutor
 
 MARGIN = 1e-3
 
@@ -86,7 +84,8 @@ def answer(job: dict) -> dict:
 
 def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    json.dump([answer(job) for job in json.load(sys.stdin)], sys.stdout)
+    for spec in json.load(sys.stdin):  # an answer a line, read as each is done (family_oracle.OracleStream)
+        print(json.dumps(answer(spec)), flush=True)
 
 
 def job(model: str, question: str, images, max_tokens: int, video=None) -> dict:
@@ -95,20 +94,12 @@ def job(model: str, question: str, images, max_tokens: int, video=None) -> dict:
             "video": video}
 
 
-def start(jobs) -> Future:
-    """The answers to `jobs` (a list, one per job), computed in a process of its own that starts
-    now: the caller goes on (starts the server, loads models) and asks the future when it needs
-    them."""
-    def run():
-        from family_oracle import server_blas_env
+def start(jobs):
+    """The answers to `jobs`, computed in a process of its own that starts now, each read (by
+    its index) as soon as it is done: the caller serves one family while the next computes."""
+    from family_oracle import OracleStream
 
-        out = subprocess.run([sys.executable, __file__], input=json.dumps(list(jobs)), capture_output=True,
-                             text=True, timeout=1800, env=server_blas_env())
-        if out.returncode:
-            raise RuntimeError(f"the oracle failed: {out.stderr[-2000:]}")
-        return json.loads(out.stdout)
-
-    return ThreadPoolExecutor(1).submit(run)
+    return OracleStream(jobs, script=os.path.abspath(__file__))
 
 
 if __name__ == "__main__":
