@@ -527,3 +527,27 @@ _add("paddleocr_vl", Recipe(
                                         "temporal_patch_size": 1, "merge_size": 2, "image_mean": [0.5] * 3,
                                         "image_std": [0.5] * 3, "do_resize": True, "do_rescale": True,
                                         "do_normalize": True, "do_convert_rgb": True}}))
+
+
+# ---- LLaVA-OneVision: SigLIP tower, a Qwen2 text model, any-resolution tiles
+
+def _llava_onevision(m, ids, vocab):
+    return {"model_type": "llava_onevision", "architectures": ["LlavaOnevisionForConditionalGeneration"],
+            "text_config": shrink(m.TextConfig, model_type="qwen2", vocab_size=vocab),
+            "vision_config": shrink(m.VisionConfig, model_type="siglip_vision_model", image_size=56, patch_size=14),
+            "image_token_index": ids["<image>"], "video_token_index": ids["<video>"],
+            "image_grid_pinpoints": [[56, 56], [56, 112], [112, 56]], "vision_aspect_ratio": "anyres_max_9",
+            "vocab_size": vocab, "eos_token_id": ids["<|im_end|>"]}
+
+
+_add("llava_onevision", Recipe(
+    specials=["<|endoftext|>", "<|im_end|>", "<image>", "<video>"], eos="<|im_end|>", template=LLAVA_TEMPLATE,
+    config=_llava_onevision,
+    files={"preprocessor_config.json": {
+        "image_processor_type": "LlavaOnevisionImageProcessor", "processor_class": "LlavaOnevisionProcessor",
+        "size": {"height": 56, "width": 56}, "image_grid_pinpoints": [[56, 56], [56, 112], [112, 56]],
+        "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True, "do_pad": True,
+        "image_mean": [0.5] * 3, "image_std": [0.5] * 3, "resample": 3},
+        "processor_config.json": {"processor_class": "LlavaOnevisionProcessor", "num_image_tokens": 16,
+                                  "image_token": "<image>", "video_token": "<video>",
+                                  "vision_feature_select_strategy": "full"}}))
