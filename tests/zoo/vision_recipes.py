@@ -551,3 +551,32 @@ _add("llava_onevision", Recipe(
         "processor_config.json": {"processor_class": "LlavaOnevisionProcessor", "num_image_tokens": 16,
                                   "image_token": "<image>", "video_token": "<video>",
                                   "vision_feature_select_strategy": "full"}}))
+
+
+# ---- Aya Vision: SigLIP tower, pixel shuffle, a Cohere 2 text model, tiled images
+
+AYA_SPECIALS = ["<PAD>", "<|END_OF_TURN_TOKEN|>", "<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>",
+                "<|IMG_LINE_BREAK|>", "<|START_OF_TURN_TOKEN|>", "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>"]
+
+
+def _aya(m, ids, vocab):
+    return {"model_type": "aya_vision", "architectures": ["AyaVisionForConditionalGeneration"],
+            "text_config": shrink(m.TextConfig, model_type="cohere2", vocab_size=vocab, sliding_window=4096,
+                                  sliding_window_pattern=2, eos_token_id=ids["<|END_OF_TURN_TOKEN|>"],
+                                  pad_token_id=ids["<PAD>"], bos_token_id=ids["<PAD>"]),
+            "vision_config": shrink(m.VisionConfig, model_type="siglip_vision_model", image_size=56, patch_size=14),
+            "image_token_index": ids["<|IMG_PATCH|>"], "downsample_factor": 2, "alignment_intermediate_size": WIDTH,
+            "max_splits_per_img": 2, "vocab_size": vocab, "eos_token_id": ids["<|END_OF_TURN_TOKEN|>"]}
+
+
+_add("aya_vision", Recipe(
+    specials=AYA_SPECIALS, eos="<|END_OF_TURN_TOKEN|>", config=_aya,
+    template=_turns("{{ '<|START_OF_TURN_TOKEN|><|USER_TOKEN|>' }}", "<image>", "<|END_OF_TURN_TOKEN|>",
+                    "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"),
+    files={"preprocessor_config.json": {
+        "image_processor_type": "GotOcr2ImageProcessor", "processor_class": "AyaVisionProcessor",
+        "size": {"height": 56, "width": 56}, "crop_to_patches": True, "min_patches": 1, "max_patches": 2,
+        "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True,
+        "image_mean": [0.5] * 3, "image_std": [0.5] * 3, "resample": 3},
+        "processor_config.json": {"processor_class": "AyaVisionProcessor", "patch_size": 14, "img_size": 56,
+                                  "downsample_factor": 2, "image_token": "<image>"}}))
