@@ -4,11 +4,11 @@ Reads a list of jobs {"model": dir, "question": text, "images": [[seed, width, h
 "max_tokens": n, "video": seed or null} as JSON on stdin (pictures and clips as vision_fixture
 draws them); writes per job, a JSON line each as it is done, {"images": per picture the token
 ids of mlx-vlm's `stream_generate` (temperature 0, at most max_tokens) up to the first step
-whose top-2 margin is under MARGIN (past it, any float reordering may pick the other token, so a comparison ends
-there), "video": the same for a clip of that seed (when asked and the family's prompt holds
-it), "cache_kinds": the classes of the language model's prompt cache, "error": why the library
-itself failed, else null, "video_error": the same for the clip}. Nothing of the backend is
-imported.
+whose top-2 margin is under MARGIN (past it, any float reordering may pick the other token, so
+a comparison ends there), "video": the same for a clip of that seed (when asked and the
+family's prompt holds it), "cache_kinds": the classes of the language model's prompt cache,
+"error": why the library itself failed, else null, "video_error": the same for the clip}.
+Nothing of the backend is imported.
 """
 
 import base64

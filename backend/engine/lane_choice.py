@@ -52,7 +52,7 @@ def lane_figures(lm) -> dict:
 def decide(lm, config, probes: Callable[[], List], forced: str = "auto") -> None:
     """Set lm.lane (loading thread): by the load option `forced` (batch, solo), else from the
     model's caches and the check. `probes()` gives fresh probe requests for a run. Raises
-    ModelLoadError when the library's own step fails, or when lane:batch cannot merge the caches."""
+    ModelLoadError when the library's own step fails, or when lane:batch cannot serve the model."""
     obstacle = _batch_obstacle(lm)
     if forced == "solo":
         lm.lane = Lane(solo=True, reason="load option lane:solo")

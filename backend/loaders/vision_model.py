@@ -150,7 +150,7 @@ class VisionParts:
     takes_audio: bool = False
     video_block: str = ""  # the text that stands for one video in a raw prompt
     extra: Dict[str, Any] = field(default_factory=dict)  # frame sampling for videos (fps, max_frames)
-    batch_obstacle: Optional[str] = None  # why the vision batch cannot give mlx-vlm's text (batch_obstacle)
+    batch_obstacle: Optional[str] = None  # why the vision batch cannot give mlx-vlm's text (see batch_obstacle)
 
 
 def _video_options(options, bounds) -> Dict[str, Any]:

@@ -152,6 +152,8 @@ def test_vision_family_serves_the_library_output(backend, zoo, family):
         if checked(record, "repeat", again):
             promised = record.lane == "batch" and set(record.cache_kinds) <= REUSED_KINDS
             record.check("prefix", seen["cached"] > 0 or not promised)
+            if not record.checks["prefix"]:
+                record.reason = record.reason or "prefix: nothing of the repeated prompt came from the prefix cache"
     record.check("images", record.checks["alone"] and bool(record.checks["batched"]))
     if want["video"] is not None:  # the library puts the clip in this family's prompt
         checked(record, "video", video)
