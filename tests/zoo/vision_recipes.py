@@ -52,11 +52,12 @@ def _qwen_ids(ids: Dict[str, int]) -> dict:
             "eos_token_id": ids["<|im_end|>"], "bos_token_id": ids["<|endoftext|>"]}
 
 
-def _qwen3(family: str, text: dict, vision: dict) -> Callable:
+def _qwen3(family: str, text: dict, vision: dict, base: str = None) -> Callable:
+    """`base`: the architecture a family wraps (its text and vision configs are that one's)."""
     def config(m, ids, vocab):
-        return {"model_type": family, "text_config": shrink(m.TextConfig, model_type=family, vocab_size=vocab,
-                                                                **text),
-                "vision_config": shrink(m.VisionConfig, model_type=family, patch_size=16,
+        return {"model_type": family, "text_config": shrink(m.TextConfig, model_type=base or family,
+                                                                vocab_size=vocab, **text),
+                "vision_config": shrink(m.VisionConfig, model_type=base or family, patch_size=16,
                                         num_position_embeddings=64, **vision),
                 "vocab_size": vocab, **_qwen_ids(ids)}
     return config
@@ -93,6 +94,9 @@ RECIPES: Dict[str, Recipe] = {
                       files={"preprocessor_config.json": _qwen_preprocessor(16)}),
     "qwen3_5_moe": Recipe(**QWEN, config=_qwen3("qwen3_5_moe", {"rope_parameters": _MROPE_PARTIAL}, {}),
                           files={"preprocessor_config.json": _qwen_preprocessor(16)}),
+    # IndicOCR's OCR stage: Qwen 3.5 itself under its own name (an Indic vocabulary, ids in the config).
+    "indic_ocr": Recipe(**QWEN, config=_qwen3("indic_ocr", {"rope_parameters": _MROPE_PARTIAL}, {}, base="qwen3_5"),
+                        files={"preprocessor_config.json": _qwen_preprocessor(16)}),
 }
 
 
@@ -580,3 +584,16 @@ _add("aya_vision", Recipe(
         "image_mean": [0.5] * 3, "image_std": [0.5] * 3, "resample": 3},
         "processor_config.json": {"processor_class": "AyaVisionProcessor", "patch_size": 14, "img_size": 56,
                                   "downsample_factor": 2, "image_token": "<image>"}}))
+
+
+# ---- Mage-VL: the Qwen-VL tokens and image processor (patches of 16, one frame), a Qwen3 text model
+
+def _mage_vl(m, ids, vocab):
+    return {"model_type": "mage_vl", "text_config": shrink(m.TextConfig, model_type="qwen3", vocab_size=vocab),
+            "vision_config": shrink(m.VisionConfig, model_type="mage_vl_vision", patch_size=16, image_size=64,
+                                    text_hidden_size=WIDTH, num_attention_heads=1),  # 3-D rope: head 32 wide
+            "vocab_size": vocab, **_qwen_ids(ids)}
+
+
+_add("mage_vl", Recipe(**QWEN, config=_mage_vl,
+                       files={"preprocessor_config.json": {**_qwen_preprocessor(16), "temporal_patch_size": 1}}))
