@@ -152,6 +152,12 @@ class VisionParts:
     extra: Dict[str, Any] = field(default_factory=dict)  # frame sampling for videos (fps, max_frames)
     batch_obstacle: Optional[str] = None  # why the vision batch cannot give mlx-vlm's text (see batch_obstacle)
 
+    @property
+    def prompt_type(self) -> str:
+        """The model type mlx-vlm's own generation formats and tokenizes prompts by: its model's
+        config's, which a family wrapping another architecture rewrites (IndicOCR's is Qwen 3.5's)."""
+        return getattr(self.vlm.config, "model_type", None) or self.model_type
+
 
 def _video_options(options, bounds) -> Dict[str, Any]:
     """Frame sampling: the fps from the load options (else the processor's), never more
@@ -185,7 +191,7 @@ def _test_image_inputs(parts: "VisionParts"):
     prompt = apply_chat_template(parts.processor, parts.vlm.config, "?", num_images=1)
     return prepare_inputs(parts.processor, images=[Image.new("RGB", (64, 64), (128, 128, 128))], prompts=prompt,
                           image_token_index=getattr(parts.vlm.config, "image_token_index", None),
-                          add_special_tokens=should_add_special_tokens(parts.model_type, parts.processor))
+                          add_special_tokens=should_add_special_tokens(parts.prompt_type, parts.processor))
 
 
 def _embedded_test_image(parts: "VisionParts"):

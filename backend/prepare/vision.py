@@ -139,10 +139,12 @@ def _chat_prompt(lm, spec: RequestSpec, tools, images: int, videos: List[str],
 
     processor = lm.vision.processor
     kwargs = dict(template_kwargs)
+    # The model's config, as mlx-vlm's generation passes it, not config.json's: a family wrapping
+    # another architecture is formatted as that one (config.json's type has no image format).
     if tools:
         kwargs["tools"] = tools
     try:
-        messages = apply_chat_template(processor, lm.config, spec.chat_messages(),
+        messages = apply_chat_template(processor, lm.vision.vlm.config, spec.chat_messages(),
                                        add_generation_prompt=True, return_messages=True, num_images=images)
         if any(isinstance(m, str) for m in messages):
             # A family prompted without a chat (PaliGemma): mlx-vlm's formatting makes each message
@@ -181,7 +183,7 @@ def _expand(lm, text: str, images: list, videos: List[str]) -> Tuple[List[int], 
         inputs = prepare_inputs(
             parts.processor, images=images or None, videos=videos or None, prompts=text,
             image_token_index=getattr(parts.vlm.config, "image_token_index", None),
-            add_special_tokens=should_add_special_tokens(parts.model_type, parts.processor),
+            add_special_tokens=should_add_special_tokens(parts.prompt_type, parts.processor),
             **(parts.extra if videos else {}))
     except Exception as e:  # the processor refused these items (size, shape, frame count)
         name = "Videos" if videos else "Images"
