@@ -597,3 +597,53 @@ def _mage_vl(m, ids, vocab):
 
 _add("mage_vl", Recipe(**QWEN, config=_mage_vl,
                        files={"preprocessor_config.json": {**_qwen_preprocessor(16), "temporal_patch_size": 1}}))
+
+
+# ---- LFM2-VL: a SigLIP 2 (NaFlex) tower, pixel unshuffle, an LFM2 text model (short convolutions and attention)
+
+LFM2_SPECIALS = ["<|pad|>", "<|im_end|>", "<|im_start|>", "<image>", "<|image_start|>", "<|image_end|>",
+                 "<|img_thumbnail|>"]
+_LFM2_IMAGES = {"min_image_tokens": 4, "max_image_tokens": 16, "tile_size": 64, "encoder_patch_size": 16,
+                "downsample_factor": 2, "max_num_patches": 64}
+
+
+def _lfm2_vl(m, ids, vocab):
+    text = shrink(m.TextConfig, model_type="lfm2", vocab_size=vocab, block_dim=WIDTH, block_ff_dim=2 * WIDTH,
+                  conv_dim=WIDTH, conv_dim_out=WIDTH, num_heads=2, block_auto_adjust_ff_dim=False,
+                  layer_types=["conv", "full_attention"], eos_token_id=ids["<|im_end|>"])
+    vision = shrink(m.VisionConfig, model_type="siglip2_vision_model", patch_size=16, num_patches=64)
+    return {"model_type": "lfm2-vl", "text_config": text, "vision_config": vision, "vocab_size": vocab,
+            "image_token_id": ids["<image>"], "projector_hidden_size": WIDTH, "eos_token_id": ids["<|im_end|>"],
+            **_LFM2_IMAGES}
+
+
+_add("lfm2_vl", Recipe(
+    specials=LFM2_SPECIALS, eos="<|im_end|>", config=_lfm2_vl, scale=1.5, template=INTERN_TEMPLATE.replace("<image>\\n", "<image>"),
+    files={"preprocessor_config.json": {"image_processor_type": "Lfm2VlImageProcessor",
+                                        "processor_class": "Lfm2VlProcessor", "image_mean": [0.5] * 3,
+                                        "image_std": [0.5] * 3, "do_rescale": True, "do_normalize": True,
+                                        "do_pad": True, "resample": 2, **_LFM2_IMAGES}}))
+
+
+# ---- Granite Vision: LLaVA-NeXT's tiles on a SigLIP tower, a Granite text model
+
+def _granite_vision(m, ids, vocab):
+    return {"model_type": "granite_vision",
+            "text_config": shrink(m.TextConfig, model_type="granite", vocab_size=vocab,
+                                  # plain scales (a checkpoint's 12x embeddings and 0.22x residuals
+                                  # drown a random tower's image)
+                                  embedding_multiplier=1.0, residual_multiplier=1.0, attention_multiplier=0.25,
+                                  logits_scaling=1.0),
+            "vision_config": shrink(m.VisionConfig, model_type="siglip_vision_model", image_size=56, patch_size=14),
+            "image_token_index": ids["<image>"], "vision_feature_select_strategy": "full",
+            "vision_feature_layer": -1, "image_grid_pinpoints": [[56, 56], [56, 112], [112, 56]],
+            "vocab_size": vocab, "eos_token_id": [ids["<|im_end|>"]]}
+
+
+_LLAVA_NEXT = RECIPES["llava_next"]
+_add("granite_vision", Recipe(
+    specials=_LLAVA_NEXT.specials, eos="<|im_end|>", template=LLAVA_TEMPLATE, config=_granite_vision,
+    files={"preprocessor_config.json": {**_LLAVA_NEXT.files["preprocessor_config.json"], "image_mean": [0.5] * 3,
+                                        "image_std": [0.5] * 3},
+           "processor_config.json": {**_LLAVA_NEXT.files["processor_config.json"],
+                                     "vision_feature_select_strategy": "full", "num_additional_image_tokens": 0}}))
