@@ -139,11 +139,11 @@ def _chat_prompt(lm, spec: RequestSpec, tools, images: int, videos: List[str],
 
     processor = lm.vision.processor
     kwargs = dict(template_kwargs)
-    # The model's config, as mlx-vlm's generation passes it, not config.json's: a family wrapping
-    # another architecture is formatted as that one (config.json's type has no image format).
     if tools:
         kwargs["tools"] = tools
     try:
+        # The model's config, as mlx-vlm's generation passes it, not config.json's: a family wrapping
+        # another architecture is formatted as that one (config.json's type has no image format).
         messages = apply_chat_template(processor, lm.vision.vlm.config, spec.chat_messages(),
                                        add_generation_prompt=True, return_messages=True, num_images=images)
         if any(isinstance(m, str) for m in messages):
