@@ -83,8 +83,6 @@ NOT_YET = {
     "falcon_ocr": _OWN.format("FalconOCRProcessor", "with transformers' PPDocLayoutV3 image processor and torch"),
     "falcon_perception": _OWN.format("FalconPerceptionProcessor", "an AnyUp upsampler, detection outputs"),
     "fastvlm": _OWN.format("FastVLMProcessor", "a FastViTHD tower, a Qwen2 text model, image id -200 spliced in"),
-    "llava_bunny": "mlx-vlm's own ImageProcessor (SigLIP, a Qwen2 or Llama text model, image id -200 spliced in "
-                   "at <image>); no tiny recipe built here yet",
     "florence2": _OWN.format("Florence2Processor", "a DaViT tower, a BART encoder-decoder"),
     "gemma3n": _OWN.format("Gemma3nProcessor", "a MobileNet-V5 tower, audio features, per-layer inputs"),
     "gemma4_unified": _OWN.format("Gemma4UnifiedProcessor", "the Gemma 4 text model, its own image and audio parts"),

@@ -647,3 +647,16 @@ _add("granite_vision", Recipe(
                                         "image_std": [0.5] * 3},
            "processor_config.json": {**_LLAVA_NEXT.files["processor_config.json"],
                                      "vision_feature_select_strategy": "full", "num_additional_image_tokens": 0}}))
+
+
+# ---- Bunny (llava-qwen2): SigLIP at mlx-vlm's fixed 384 pixels, a Qwen2 text model, the image spliced in at
+# <image> as id -200 (the text parameters at the top level, as its checkpoints have them)
+
+def _llava_bunny(m, ids, vocab):
+    return {**shrink(m.TextConfig, model_type="qwen2", vocab_size=vocab), "model_type": "llava-qwen2",
+            "vision_config": shrink(m.VisionConfig, model_type="siglip_vision_model", image_size=384, patch_size=14),
+            "auto_map": {}, "mm_hidden_size": WIDTH, "eos_token_id": [ids["<|im_end|>"]]}
+
+
+_add("llava_bunny", Recipe(specials=["<|endoftext|>", "<|im_end|>", "<image>"], eos="<|im_end|>",
+                           template=LLAVA_TEMPLATE, config=_llava_bunny))
