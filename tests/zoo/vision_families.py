@@ -82,7 +82,9 @@ NOT_YET = {
     "ernie4_5_moe_vl": _OWN.format("Ernie4_5_VLProcessor", "a SentencePiece tokenizer, an ERNIE 4.5 MoE text model"),
     "falcon_ocr": _OWN.format("FalconOCRProcessor", "with transformers' PPDocLayoutV3 image processor and torch"),
     "falcon_perception": _OWN.format("FalconPerceptionProcessor", "an AnyUp upsampler, detection outputs"),
-    "fastvlm": _OWN.format("FastVLMProcessor", "a FastViTHD tower, a Qwen2 text model, image id -200 spliced in"),
+    "fastvlm": "its FastViTHD tower's depths and widths are fixed in mlx-vlm's code (class attributes, not config "
+               "fields: 44 blocks, 96 to 1536 wide), so no config makes it tiny; FastVLMProcessor, a Qwen2 text "
+               "model; not built here",
     "florence2": _OWN.format("Florence2Processor", "a DaViT tower, a BART encoder-decoder"),
     "gemma3n": _OWN.format("Gemma3nProcessor", "a MobileNet-V5 tower, audio features, per-layer inputs"),
     "gemma4_unified": _OWN.format("Gemma4UnifiedProcessor", "the Gemma 4 text model, its own image and audio parts"),
