@@ -94,7 +94,6 @@ NOT_YET = {
     "hunyuan_vl": _OWN.format("HunYuanVLProcessor", "its own tower, a HunYuan text model"),
     "inkling": _OWN.format("InklingProcessor", "with mlx-audio for its audio features"),
     "jina_vlm": _OWN.format("JinaVLMProcessor", "its own image tiling"),
-    "kimi_k25": _OWN.format("KimiK25Processor", "MoonViT, a DeepSeek-V3 text model"),
     "kimi_k3": _OWN.format("KimiK3Processor", "a 3-D MoonViT, a Kimi Linear text model; tiktoken only for "
                                               "legacy tiktoken.model checkpoints"),
     "locateanything": _OWN.format("LocateAnythingProcessor", "MoonViT, a Qwen2 text model, box outputs"),

@@ -662,3 +662,18 @@ def _llava_bunny(m, ids, vocab):
 
 _add("llava_bunny", Recipe(specials=["<|endoftext|>", "<|im_end|>", "<image>"], eos="<|im_end|>",
                            template=LLAVA_TEMPLATE, config=_llava_bunny))
+
+
+# ---- Kimi K2.5: Kimi-VL's tokens and MoonViT (3-D patches), a DeepSeek-V3 text model, its own processor
+
+def _kimi_k25(m, ids, vocab):
+    return {**_kimi(m, ids, vocab), "model_type": "kimi_k25",
+            "vision_config": shrink(m.VisionConfig, model_type="moonvit", patch_size=14, init_pos_emb_height=8,
+                                    init_pos_emb_width=8, merge_kernel_size=[2, 2])}
+
+
+_add("kimi_k25", Recipe(
+    specials=KIMI_SPECIALS, eos="<|im_end|>", config=_kimi_k25, template=RECIPES["kimi_vl"].template,
+    files={"preprocessor_config.json": {"media_proc_cfg": {"patch_size": 14, "in_patch_limit": 64,
+                                                           "merge_kernel_size": [2, 2], "image_mean": [0.5] * 3,
+                                                           "image_std": [0.5] * 3}}}))
