@@ -285,9 +285,6 @@ def load_vision(spec, source: str, started: float):
     except ModelLoadError as e:
         raise ModelLoadError(f"{source}: {parts.model_type} images cannot be served here: {e}") from None
     parts.batch_obstacle = obstacle  # the lane choice sends such a family to the solo lane
-    # Again: what the test image's embedding step left cached on the model, lazy, is computed here,
-    # not on the engine's thread from this thread's stream (LFM2-VL: "no Stream(cpu, 1)").
-    materialize(vlm)
     ctx = spec.context_size or int(config.get("max_position_embeddings")
                                    or config.get("text_config", {}).get("max_position_embeddings") or 4096)
     mx.clear_cache()
