@@ -80,7 +80,8 @@ NOT_YET = {
     "deepseekocr_2": _OWN.format("DeepseekOCR2Processor", "the DeepSeek-OCR text model, a new tower"),
     "unlimited_ocr": _OWN.format("UnlimitedOCRProcessor", "the DeepSeek-OCR text model"),
     "ernie4_5_moe_vl": _OWN.format("Ernie4_5_VLProcessor", "a SentencePiece tokenizer, an ERNIE 4.5 MoE text model"),
-    "falcon_ocr": _OWN.format("FalconOCRProcessor", "with transformers' PPDocLayoutV3 image processor and torch"),
+    "falcon_ocr": _OWN.format("FalconOCRProcessor", "transformers' PPDocLayoutV3 image processor; torch, not "
+                                                              "installed, only for its optional layout stage"),
     "falcon_perception": _OWN.format("FalconPerceptionProcessor", "an AnyUp upsampler, detection outputs"),
     "fastvlm": "its FastViTHD tower's depths and widths are fixed in mlx-vlm's code (class attributes, not config "
                "fields: 44 blocks, 96 to 1536 wide), so no config makes it tiny; FastVLMProcessor, a Qwen2 text "
