@@ -6,7 +6,8 @@ gives. The solo lane (lanes/solo.py, lanes/solo_vision.py) runs one request at a
 through the library's own generation step: the library's text by construction, and the
 reference the batch is checked against. Decided from what the model does, never its name:
 
-- a cache class mlx-lm's batch cannot merge (loaders/cache_kinds.py): solo;
+- a cache class mlx-lm's batch cannot merge (loaders/cache_kinds.py), or a vision model whose
+  embedding step the vision batch does not reproduce (loaders/vision_model.py batch_obstacle): solo;
 - else `decide` (on the loading thread, while the previous model keeps serving): three short
   greedy requests of different lengths run through the solo lane, one at a time, then
   through the batch, two prefilled together (the shorter one padded) and one joining them
@@ -55,31 +56,42 @@ def lane_figures(lm) -> dict:
 def decide(lm, config, probes: Callable[[], List], forced: str = "auto") -> None:
     """Set lm.lane (loading thread): by the load option `forced` (batch, solo), else from the
     model's caches and the check. `probes()` gives fresh probe requests for a run. Raises
-    ModelLoadError when the library's own step fails, or when lane:batch cannot merge the caches."""
-    unmergeable = cache_kinds.unmergeable(lm.model)
+    ModelLoadError when the library's own step fails, or when lane:batch cannot serve the model."""
+    obstacle = _batch_obstacle(lm)
     if forced == "solo":
         lm.lane = Lane(solo=True, reason="load option lane:solo")
     elif forced == "batch":
-        if unmergeable:
-            raise ModelLoadError(f"lane:batch cannot serve this model: its {unmergeable} cache cannot be merged "
-                                 f"into mlx-lm's batch (leave lane unset for the solo lane)")
+        if obstacle:
+            raise ModelLoadError(f"lane:batch cannot serve this model: {obstacle} "
+                                 f"(leave lane unset for the solo lane)")
         lm.lane = Lane(reason="load option lane:batch")
     else:
         kept = lane_verdicts.read(lm, config)
         if kept is not None:
             lm.lane = Lane(kept.solo, kept.prefill_alone, f"{kept.reason}; found by the check at an earlier load")
         else:
-            lm.lane = _checked(lm, config, probes, unmergeable)
+            lm.lane = _checked(lm, config, probes, obstacle)
             if lm.lane.reason != UNCHECKED:
                 lane_verdicts.write(lm, config, lm.lane)
     log.info("lane: %s (%s; caches: %s)", lm.lane.name, lm.lane.reason, ", ".join(cache_kinds.of(lm.model)))
 
 
-def _checked(lm, config, probes: Callable[[], List], unmergeable: Optional[str]) -> Lane:
+def _batch_obstacle(lm) -> Optional[str]:
+    """Why no batch can serve this model, known before any check (None: the check decides): a
+    cache class mlx-lm's batch cannot merge, or what a vision model's embedding step does with
+    a test image at load that the vision batch does not reproduce (loaders/vision_model.py)."""
+    unmergeable = cache_kinds.unmergeable(lm.model)
+    if unmergeable:
+        return f"its {unmergeable} cache cannot be merged into mlx-lm's batch"
+    obstacle = lm.vision.batch_obstacle if lm.vision is not None else None
+    return f"the vision batch cannot serve it: {obstacle}" if obstacle else None
+
+
+def _checked(lm, config, probes: Callable[[], List], obstacle: Optional[str]) -> Lane:
     import mlx.core as mx
 
-    if unmergeable:  # the trial shows the solo lane generates
-        return Lane(solo=True, reason=f"its {unmergeable} cache cannot be merged into mlx-lm's batch")
+    if obstacle:  # the trial shows the solo lane generates
+        return Lane(solo=True, reason=obstacle)
     stream = mx.default_stream(mx.default_device())
 
     def outcomes(lane: Lane, requests: Optional[List] = None, together: int = lane_probe.TOGETHER):

@@ -132,7 +132,7 @@ def materialize(model) -> None:
     """Evaluate every array the model holds, private ones (rope tables) included."""
     import mlx.core as mx
 
-    arrays = []
+    arrays, seen = [], set()
 
     def collect(value):
         if isinstance(value, mx.array):
@@ -143,8 +143,24 @@ def materialize(model) -> None:
         elif isinstance(value, dict):
             for v in value.values():
                 collect(v)
+        elif _model_helper(value) and id(value) not in seen:
+            # A plain object of the model's code (Pixtral's and Llama 4's vision rope tables):
+            # left lazy, its arrays would be computed on the engine thread from this (loading)
+            # thread's stream, which MLX refuses there ("There is no Stream(cpu, 1)").
+            seen.add(id(value))
+            collect(list(vars(value).values()))
 
     for module in model.modules():
         collect(dict(module))
         collect(list(vars(module).values()))
     mx.eval(arrays)
+
+
+def _model_helper(value) -> bool:
+    """An object of the libraries' model code that is not itself a module (modules are walked
+    by model.modules())."""
+    import mlx.nn as nn
+
+    owner = type(value).__module__.split(".")[0]
+    return owner in ("mlx_lm", "mlx_vlm", "mlx_embeddings") and hasattr(value, "__dict__") \
+        and not isinstance(value, nn.Module)

@@ -1,0 +1,151 @@
+"""The vision-language families of the installed mlx-vlm, and why the builder makes none of some.
+
+A family is a package of `mlx_vlm.models` with a `Model` and a config that has a vision part
+(a `VisionConfig`, a `vision_config` field): the set the installed library ships, not a
+list we keep. vision_recipes.py makes the families it can tiny; every other family is
+listed with the reason, read from the library's source: LIBRARY_CANNOT (what the installed
+library lacks here: a processor only the Hub has, a package not installed), NOT_BUILT (not a
+text generator, a weights format the builder does not write, and NOT_YET: the processor and
+parts a recipe would need). A family in none of them gets the bare "no recipe" reason.
+"""
+
+import importlib.util
+import os
+import re
+from pathlib import Path
+from typing import List
+
+# What marks a family in a model package's source: a Model (defined or imported) and a vision config.
+_MODEL = re.compile(r"^class Model\b|^Model\s*=|\bimport\b[^\n]*\bModel\b", re.M)
+_VISION = re.compile(r"\bVisionConfig\b|^\s+vision_config\s*:", re.M)
+
+
+def vision_families() -> List[str]:
+    """Every vision-language family package of the installed mlx-vlm, sorted. Read from the
+    packages' source, not imported: importing some 270 model packages takes most of a minute,
+    and every pytest run collects the test that asks."""
+    root = os.path.join(os.path.dirname(importlib.util.find_spec("mlx_vlm").origin), "models")
+    found = []
+    for name in sorted(os.listdir(root)):
+        folder = os.path.join(root, name)
+        if name.startswith("_") or not os.path.isdir(folder):
+            continue
+        source = "".join(Path(folder, f).read_text(encoding="utf-8", errors="replace")
+                         for f in os.listdir(folder) if f.endswith(".py"))
+        if _MODEL.search(source) and _VISION.search(source):
+            found.append(name)
+    return found
+
+
+_NOT_TEXT = "not a text generator: mlx-vlm serves it for {} (no chat generation to compare)"
+
+# Families the builder does not make, and why.
+NOT_BUILT = {
+    # Models that do not generate text from an image and a prompt.
+    "siglip": _NOT_TEXT.format("image-text embeddings"),
+    "colidefics3": _NOT_TEXT.format("retrieval embeddings (ColPali)"),
+    "colqwen2_5": _NOT_TEXT.format("retrieval embeddings (ColPali)"),
+    "qwen3_vl_embedding": _NOT_TEXT.format("embeddings"),
+    "llama_nemotron_vl_embedding": _NOT_TEXT.format("embeddings"),
+    "embedding_gemma2": _NOT_TEXT.format("embeddings"),
+    "sam3": _NOT_TEXT.format("segmentation"),
+    "sam3_1": _NOT_TEXT.format("segmentation"),
+    "sam3d_body": _NOT_TEXT.format("3-D body estimation"),
+    "sam3d_objects": _NOT_TEXT.format("3-D object reconstruction"),
+    "rfdetr": _NOT_TEXT.format("object detection"),
+    "rt_detr_v2": _NOT_TEXT.format("object detection"),
+    "pp_doclayout_v3": _NOT_TEXT.format("document layout detection"),
+    "video_depth_anything": _NOT_TEXT.format("depth estimation"),
+    "d1": _NOT_TEXT.format("decisions (a readout over LFM2-VL)"),
+    "d1_omni": _NOT_TEXT.format("yes/no decisions"),
+    "clef": _NOT_TEXT.format("answers to choice and score questions (a schema head over Qwen 3.5, called with "
+                             "question and option spans)"),
+    # Processors whose token ids are fixed in their code, past what a tiny vocabulary holds.
+    "dots_ocr": "its processor fixes the image token's id at 151665: a tiny vocabulary cannot hold it",
+    # Text by diffusion: no token-by-token generation for a batch or a stream to reproduce.
+    "diffusion_gemma": "generates text by diffusion, not one token a step: nothing this server runs",
+    # A weights format the builder does not write.
+    "prism_hadamard_qwen35": "Qwen 3.5 as 2-bit Hadamard-rotated packs only (its config refuses any other "
+                             "quantization and wants a packed-module manifest); the builder writes float weights",
+}
+
+_OWN = "mlx-vlm's own processor {} ({}); no tiny recipe built here yet"
+_HF = "transformers' {} ({}); no tiny recipe built here yet"
+
+# Families the installed library can run, for which no tiny model is built yet: what each needs.
+NOT_YET = {
+    "cohere_compass": _OWN.format("CohereCompassProcessor", "its own image processor, a Cohere text model"),
+    "deepseek_vl_v2": _OWN.format("DeepseekVLV2Processor", "tiled SigLIP, a DeepSeek-V2 MoE text model"),
+    "deepseekocr": _OWN.format("DeepseekOCRProcessor", "SAM and CLIP towers, a DeepSeek-V2 text model"),
+    "deepseekocr_2": _OWN.format("DeepseekOCR2Processor", "the DeepSeek-OCR text model, a new tower"),
+    "unlimited_ocr": _OWN.format("UnlimitedOCRProcessor", "the DeepSeek-OCR text model"),
+    "ernie4_5_moe_vl": _OWN.format("Ernie4_5_VLProcessor", "a SentencePiece tokenizer, an ERNIE 4.5 MoE text model"),
+    "falcon_ocr": _OWN.format("FalconOCRProcessor", "transformers' PPDocLayoutV3 image processor; torch, not "
+                                                              "installed, only for its optional layout stage"),
+    "falcon_perception": _OWN.format("FalconPerceptionProcessor", "an AnyUp upsampler, detection outputs"),
+    "fastvlm": "its FastViTHD tower's depths and widths are fixed in mlx-vlm's code (class attributes, not config "
+               "fields: 44 blocks, 96 to 1536 wide), so no config makes it tiny; FastVLMProcessor, a Qwen2 text "
+               "model; not built here",
+    "florence2": _OWN.format("Florence2Processor", "a DaViT tower, a BART encoder-decoder"),
+    "gemma3n": _OWN.format("Gemma3nProcessor", "a MobileNet-V5 tower, audio features, per-layer inputs"),
+    "gemma4_unified": _OWN.format("Gemma4UnifiedProcessor", "the Gemma 4 text model, its own image and audio parts"),
+    "glm5_next": _OWN.format("Glm5NextProcessor", "its own tower, a GLM-5 text model"),
+    "got": _OWN.format("GotOcrProcessor", "a SAM-like tower, a Qwen2 text model"),
+    "granite4_vision": _OWN.format("Granite4VisionProcessor", "SigLIP, a Q-Former, a Granite 4 hybrid text model"),
+    "hunyuan_vl": _OWN.format("HunYuanVLProcessor", "its own tower, a HunYuan text model"),
+    "inkling": _OWN.format("InklingProcessor", "with mlx-audio for its audio features"),
+    "jina_vlm": _OWN.format("JinaVLMProcessor", "its own image tiling"),
+    "kimi_k3": _OWN.format("KimiK3Processor", "a 3-D MoonViT, a Kimi Linear text model; tiktoken only for "
+                                              "legacy tiktoken.model checkpoints"),
+    "locateanything": _OWN.format("LocateAnythingProcessor", "MoonViT, a Qwen2 text model, box outputs"),
+    "mimo_v2": _OWN.format("MiMoV2Processor", "with mlx-audio's audio tokenizer for audio"),
+    "minicpmo": _OWN.format("MiniCPMOProcessor", "SigLIP slices, Whisper audio, a Qwen3 text model"),
+    "minicpmv4_6": _OWN.format("MiniCPMVProcessor", "image slices, a Qwen 3.5 text model"),
+    "minicpmv4_7": _OWN.format("MiniCPMV4_7Processor", "image slices, a Qwen 3.5 MoE text model"),
+    "minimax_m3_vl": _OWN.format("MiniMaxM3VLProcessor", "a CLIP tower, a MiniMax-M3 text model"),
+    "molmo": _OWN.format("MolmoProcessor", "image crops, its own text model"),
+    "molmo2": _OWN.format("Molmo2Processor", "image crops and pooling, its own text model"),
+    "molmo_point": _OWN.format("MolmoPointProcessor", "Molmo 2 with point outputs"),
+    "moondream3": _OWN.format("Moondream3Processor", "its own crops, a MoE text model"),
+    "multi_modality": _OWN.format("MultiModalityProcessor", "Janus: SigLIP and SAM towers, a Llama text model"),
+    "muse_glimmer": _OWN.format("MuseGlimmerProcessor", "its own tower and text model"),
+    "muse_spark": _OWN.format("MuseSparkProcessor", "image, video and audio parts"),
+    "nemotron_h_nano_omni": _OWN.format("NemotronHNanoOmniProcessor", "a RADIO tower, Parakeet audio, a Nemotron-H "
+                                                                      "hybrid text model"),
+    "nemotron_parse": _OWN.format("NemotronParseProcessor", "an encoder-decoder for document markup"),
+    "phi3_v": _OWN.format("Phi3VProcessor", "CLIP crops, a Phi-3 text model"),
+    "phi4_siglip": _OWN.format("Phi4SigLipProcessor", "SigLIP 2, a Phi-4 text model"),
+    "phi4mm": _OWN.format("Phi4MMProcessor", "SigLIP 2 crops, audio, LoRA adapters in a Phi-4 text model"),
+    "plamo2vl": _OWN.format("Plamo2VLProcessor", "SigLIP, a PLaMo 2 hybrid text model"),
+    "qwen3_omni_moe": _OWN.format("Qwen3OmniMoeProcessor", "Qwen 3 vision, audio encoder, talker"),
+    "qwen4_exp": "Qwen3VLProcessor (mlx-vlm's own); an experimental text model (n-gram per-layer embeddings, "
+                 "a sparse indexer, multi-token prediction); no tiny recipe built here yet",
+    "step3p7": _OWN.format("Step3VLProcessor", "a Perception Encoder tower, a Step 3.5 MoE text model"),
+    # Built and served exactly in 3 of 5 matrix runs (SigLIP 2 NaFlex, an LFM2 text model, scaled 1.5x: at 4x
+    # its attention saturates and the image no longer reaches the text); in the other 2 its load checks
+    # failed in both lanes with "There is no Stream(cpu, 1)". Suspected: mlx-vlm's interpolate.py keeps lazy
+    # arrays in module-level lru_caches (_bilinear_weights_1d...), made on whichever thread first asks.
+    "lfm2_vl": "transformers' Lfm2VlProcessor (mlx-vlm's numpy image processor); its tiny build is served exactly "
+               "in some runs and refused at load in others ('There is no Stream(cpu, 1)': an array the library "
+               "caches across threads, suspected in its interpolation caches); not in the matrix until fixed",
+    "zaya1_vl": _OWN.format("Zaya1VLProcessor", "the Qwen-VL image processor, a ZAYA1 text model (compressed "
+                                                "convolutional attention, MoE)"),
+}
+NOT_BUILT.update(NOT_YET)
+
+# Families the installed library cannot run here: what is missing.
+LIBRARY_CANNOT = {
+    "moondream2": "its processor (Moondream2Processor) always loads its tokenizer from the Hub repository "
+                  "moondream/starmie-v1, and no model hub is reachable here",
+    "mistral_large3": "mlx-vlm puts no image in its prompt (no mistral_large3 entry in prompt_utils' formats) and "
+                      "ships no processor for it: its checkpoints carry Mistral's params.json and tekken.json, "
+                      "read by mistral-common, which is not installed",
+    "youtu_vl": "mlx-vlm ships no processor for it and transformers has none (models/youtu is text only): its "
+                "processor is the checkpoint's own code (trust_remote_code, from the Hub)",
+    "llmjpvl": "mlx-vlm ships no processor for it and transformers has none: its processor is the checkpoint's "
+               "own code (trust_remote_code, from the Hub)",
+}
+
+
+def reason(family: str) -> str:
+    return LIBRARY_CANNOT.get(family) or NOT_BUILT.get(family, "no recipe for its tokenizer and processor files yet")
