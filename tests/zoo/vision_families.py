@@ -87,7 +87,9 @@ NOT_YET = {
                "fields: 44 blocks, 96 to 1536 wide), so no config makes it tiny; FastVLMProcessor, a Qwen2 text "
                "model; not built here",
     "florence2": _OWN.format("Florence2Processor", "a DaViT tower, a BART encoder-decoder"),
-    "gemma3n": _OWN.format("Gemma3nProcessor", "a MobileNet-V5 tower, audio features, per-layer inputs"),
+    "gemma3n": "its MobileNet-V5 tower is fixed in mlx-vlm's code (gemma3n_mobilenet_def: 4 stages of 128 to 1280 "
+               "filters, some 80 blocks, a 2048-wide fusion adapter; no config field sizes it), so no config makes "
+               "it tiny; Gemma3nProcessor, audio features, per-layer inputs; not built here",
     "gemma4_unified": _OWN.format("Gemma4UnifiedProcessor", "the Gemma 4 text model, its own image and audio parts"),
     "glm5_next": _OWN.format("Glm5NextProcessor", "its own tower, a GLM-5 text model"),
     "got": _OWN.format("GotOcrProcessor", "a SAM-like tower, a Qwen2 text model"),
@@ -113,8 +115,9 @@ NOT_YET = {
     "nemotron_h_nano_omni": _OWN.format("NemotronHNanoOmniProcessor", "a RADIO tower, Parakeet audio, a Nemotron-H "
                                                                       "hybrid text model"),
     "nemotron_parse": _OWN.format("NemotronParseProcessor", "an encoder-decoder for document markup"),
-    "phi3_v": _OWN.format("Phi3VProcessor", "CLIP crops, a Phi-3 text model"),
-    "phi4_siglip": _OWN.format("Phi4SigLipProcessor", "SigLIP 2, a Phi-4 text model"),
+    "phi3_v": "its CLIP tower is fixed in mlx-vlm's code (VisionModel.CLIP_VIT_LARGE_PATCH14_336_CONFIG: 24 layers, "
+              "1024 wide, 336-pixel crops, 144 tokens a crop; the config's vision part is not read), so no config "
+              "makes it tiny; Phi3VProcessor, a Phi-3 text model; not built here",
     "phi4mm": _OWN.format("Phi4MMProcessor", "SigLIP 2 crops, audio, LoRA adapters in a Phi-4 text model"),
     "plamo2vl": _OWN.format("Plamo2VLProcessor", "SigLIP, a PLaMo 2 hybrid text model"),
     "qwen3_omni_moe": _OWN.format("Qwen3OmniMoeProcessor", "Qwen 3 vision, audio encoder, talker"),
@@ -144,6 +147,11 @@ LIBRARY_CANNOT = {
                 "processor is the checkpoint's own code (trust_remote_code, from the Hub)",
     "llmjpvl": "mlx-vlm ships no processor for it and transformers has none: its processor is the checkpoint's "
                "own code (trust_remote_code, from the Hub)",
+    # Found by building it tiny (a NaFlex tower named in mm_vision_tower) and asking the library.
+    "phi4_siglip": "its processor (Phi4SigLipProcessor) makes the NaFlex image processor from transformers' "
+                   "image_processing_siglip2, which imports torch (not installed here); its fallback is the "
+                   "checkpoint's own processor from the Hub, and mlx-vlm's loader, on that failure, silently "
+                   "returns the bare tokenizer: the image is dropped (no pixel values), so its text ignores it",
 }
 
 
