@@ -118,7 +118,6 @@ NOT_YET = {
     "phi3_v": "its CLIP tower is fixed in mlx-vlm's code (VisionModel.CLIP_VIT_LARGE_PATCH14_336_CONFIG: 24 layers, "
               "1024 wide, 336-pixel crops, 144 tokens a crop; the config's vision part is not read), so no config "
               "makes it tiny; Phi3VProcessor, a Phi-3 text model; not built here",
-    "phi4mm": _OWN.format("Phi4MMProcessor", "SigLIP 2 crops, audio, LoRA adapters in a Phi-4 text model"),
     "plamo2vl": _OWN.format("Plamo2VLProcessor", "SigLIP, a PLaMo 2 hybrid text model"),
     "qwen3_omni_moe": _OWN.format("Qwen3OmniMoeProcessor", "Qwen 3 vision, audio encoder, talker"),
     "qwen4_exp": "Qwen3VLProcessor (mlx-vlm's own); an experimental text model (n-gram per-layer embeddings, "
