@@ -102,7 +102,17 @@ NOT_YET = {
     "locateanything": _OWN.format("LocateAnythingProcessor", "MoonViT, a Qwen2 text model, box outputs"),
     "mimo_v2": _OWN.format("MiMoV2Processor", "with mlx-audio's audio tokenizer for audio"),
     "minicpmo": _OWN.format("MiniCPMOProcessor", "SigLIP slices, Whisper audio, a Qwen3 text model"),
-    "minicpmv4_6": _OWN.format("MiniCPMVProcessor", "image slices, a Qwen 3.5 text model"),
+    # Tried: a tiny build (2-layer SigLIP tower merged 16x, a Qwen 3.5 text model, 224-pixel images, no slices)
+    # that mlx-vlm runs with the image changing its text. Our server refuses its images ("the prompt has no
+    # place for them"): its config names no image token, and the processor fills each image's span with its
+    # image_token_id (<|image_pad|>). Taking that id as the media token let it load, but the served text then
+    # ignored the image: the processor's per-image outputs are lists (pixel_values, tgt_sizes, image_bound),
+    # and prepare/vision.py _expand keeps only arrays, so the embedding step never saw the image.
+    "minicpmv4_6": "MiniCPMVProcessor (mlx-vlm's own; image slices, a Qwen 3.5 text model): a tiny build runs in the "
+                   "library, but our server cannot serve it yet: its config names no image token (the processor "
+                   "fills each image with its image_token_id), and the processor's per-image outputs are lists "
+                   "(pixel_values, tgt_sizes, image_bound), which prepare/vision.py's _expand drops (it keeps "
+                   "arrays only); not in the matrix until both are handled",
     "minicpmv4_7": _OWN.format("MiniCPMV4_7Processor", "image slices, a Qwen 3.5 MoE text model"),
     "minimax_m3_vl": _OWN.format("MiniMaxM3VLProcessor", "a CLIP tower, a MiniMax-M3 text model"),
     "molmo": _OWN.format("MolmoProcessor", "image crops, its own text model"),
