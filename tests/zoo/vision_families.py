@@ -87,7 +87,9 @@ NOT_YET = {
                "fields: 44 blocks, 96 to 1536 wide), so no config makes it tiny; FastVLMProcessor, a Qwen2 text "
                "model; not built here",
     "florence2": _OWN.format("Florence2Processor", "a DaViT tower, a BART encoder-decoder"),
-    "gemma3n": _OWN.format("Gemma3nProcessor", "a MobileNet-V5 tower, audio features, per-layer inputs"),
+    "gemma3n": "its MobileNet-V5 tower is fixed in mlx-vlm's code (gemma3n_mobilenet_def: 4 stages of 128 to 1280 "
+               "filters, some 80 blocks, a 2048-wide fusion adapter; no config field sizes it), so no config makes "
+               "it tiny; Gemma3nProcessor, audio features, per-layer inputs; not built here",
     "gemma4_unified": _OWN.format("Gemma4UnifiedProcessor", "the Gemma 4 text model, its own image and audio parts"),
     "glm5_next": _OWN.format("Glm5NextProcessor", "its own tower, a GLM-5 text model"),
     "got": _OWN.format("GotOcrProcessor", "a SAM-like tower, a Qwen2 text model"),
@@ -100,8 +102,20 @@ NOT_YET = {
     "locateanything": _OWN.format("LocateAnythingProcessor", "MoonViT, a Qwen2 text model, box outputs"),
     "mimo_v2": _OWN.format("MiMoV2Processor", "with mlx-audio's audio tokenizer for audio"),
     "minicpmo": _OWN.format("MiniCPMOProcessor", "SigLIP slices, Whisper audio, a Qwen3 text model"),
-    "minicpmv4_6": _OWN.format("MiniCPMVProcessor", "image slices, a Qwen 3.5 text model"),
-    "minicpmv4_7": _OWN.format("MiniCPMV4_7Processor", "image slices, a Qwen 3.5 MoE text model"),
+    # Tried: a tiny build (2-layer SigLIP tower merged 16x, a Qwen 3.5 text model, 224-pixel images, no slices)
+    # that mlx-vlm runs with the image changing its text. Our server refuses its images ("the prompt has no
+    # place for them"): its config names no image token, and the processor fills each image's span with its
+    # image_token_id (<|image_pad|>). Taking that id as the media token let it load, but the served text then
+    # ignored the image: the processor's per-image outputs are lists (pixel_values, tgt_sizes, image_bound),
+    # and prepare/vision.py _expand keeps only arrays, so the embedding step never saw the image.
+    "minicpmv4_6": "MiniCPMVProcessor (mlx-vlm's own; image slices, a Qwen 3.5 text model): a tiny build runs in the "
+                   "library, but our server cannot serve it yet: its config names no image token (the processor "
+                   "fills each image with its image_token_id), and the processor's per-image outputs are lists "
+                   "(pixel_values, tgt_sizes, image_bound), which prepare/vision.py's _expand drops (it keeps "
+                   "arrays only); not in the matrix until both are handled",
+    "minicpmv4_7": _OWN.format("MiniCPMV4_7Processor", "image slices, a Qwen 3.5 MoE text model; built on MiniCPM-V "
+                                                       "4.6's processing code, so its server gap (see minicpmv4_6) "
+                                                       "is expected here too"),
     "minimax_m3_vl": _OWN.format("MiniMaxM3VLProcessor", "a CLIP tower, a MiniMax-M3 text model"),
     "molmo": _OWN.format("MolmoProcessor", "image crops, its own text model"),
     "molmo2": _OWN.format("Molmo2Processor", "image crops and pooling, its own text model"),
@@ -113,9 +127,9 @@ NOT_YET = {
     "nemotron_h_nano_omni": _OWN.format("NemotronHNanoOmniProcessor", "a RADIO tower, Parakeet audio, a Nemotron-H "
                                                                       "hybrid text model"),
     "nemotron_parse": _OWN.format("NemotronParseProcessor", "an encoder-decoder for document markup"),
-    "phi3_v": _OWN.format("Phi3VProcessor", "CLIP crops, a Phi-3 text model"),
-    "phi4_siglip": _OWN.format("Phi4SigLipProcessor", "SigLIP 2, a Phi-4 text model"),
-    "phi4mm": _OWN.format("Phi4MMProcessor", "SigLIP 2 crops, audio, LoRA adapters in a Phi-4 text model"),
+    "phi3_v": "its CLIP tower is fixed in mlx-vlm's code (VisionModel.CLIP_VIT_LARGE_PATCH14_336_CONFIG: 24 layers, "
+              "1024 wide, 336-pixel crops, 144 tokens a crop; the config's vision part is not read), so no config "
+              "makes it tiny; Phi3VProcessor, a Phi-3 text model; not built here",
     "plamo2vl": _OWN.format("Plamo2VLProcessor", "SigLIP, a PLaMo 2 hybrid text model"),
     "qwen3_omni_moe": _OWN.format("Qwen3OmniMoeProcessor", "Qwen 3 vision, audio encoder, talker"),
     "qwen4_exp": "Qwen3VLProcessor (mlx-vlm's own); an experimental text model (n-gram per-layer embeddings, "
@@ -144,6 +158,11 @@ LIBRARY_CANNOT = {
                 "processor is the checkpoint's own code (trust_remote_code, from the Hub)",
     "llmjpvl": "mlx-vlm ships no processor for it and transformers has none: its processor is the checkpoint's "
                "own code (trust_remote_code, from the Hub)",
+    # Found by building it tiny (a NaFlex tower named in mm_vision_tower) and asking the library.
+    "phi4_siglip": "its processor (Phi4SigLipProcessor) makes the NaFlex image processor from transformers' "
+                   "image_processing_siglip2, which imports torch (not installed here); its fallback is the "
+                   "checkpoint's own processor from the Hub, and mlx-vlm's loader, on that failure, silently "
+                   "returns the bare tokenizer: the image is dropped (no pixel values), so its text ignores it",
 }
 
 

@@ -14,7 +14,7 @@ from typing import Callable, Dict, List
 
 from vision_fixture import CHAT_TEMPLATE, SPECIALS, turn_template
 
-from zoo.vision_shrink import WIDTH, shrink
+from zoo.vision_shrink import TEXT, WIDTH, shrink
 
 CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 
@@ -649,3 +649,21 @@ _add("kimi_k25", Recipe(
     files={"preprocessor_config.json": {"media_proc_cfg": {"patch_size": 14, "in_patch_limit": 64,
                                                            "merge_kernel_size": [2, 2], "image_mean": [0.5] * 3,
                                                            "image_std": [0.5] * 3}}}))
+
+
+# ---- Phi-4 multimodal: mlx-vlm's own NaFlex image processor on a SigLIP 2 tower, a Phi-4 text model (its
+# parameters at the top level), a Conformer audio encoder (sized by audio_processor), the image at <image> as -200
+
+def _phi4mm(m, ids, vocab):
+    audio = {"attention_dim": WIDTH, "attention_heads": 2, "num_blocks": 1, "linear_units": 2 * WIDTH,
+             "ext_pw_out_channel": WIDTH, "depthwise_seperable_out_channel": WIDTH, "conv_channels": WIDTH}
+    return {**shrink(m.ModelConfig, TEXT), "model_type": "phi4mm", "vocab_size": vocab,
+            "vision_config": shrink(m.VisionConfig, num_hidden_layers=2, patch_size=14, image_size=56),
+            "mm_hidden_size": WIDTH, "min_num_patches": 4, "max_num_patches": 16,
+            "audio_processor": {"config": audio}, "tie_word_embeddings": False,
+            "eos_token_id": ids["<|end|>"], "pad_token_id": ids["<|endoftext|>"]}
+
+
+_add("phi4mm", Recipe(specials=["<|endoftext|>", "<|end|>", "<|user|>", "<|assistant|>", "<image>"], eos="<|end|>",
+                      template=_turns("{{ '<|' + message['role'] + '|>' }}", "<image>", "<|end|>", "<|assistant|>"),
+                      config=_phi4mm))
