@@ -5,9 +5,11 @@ resize tables, which LFM2-VL's vision tower uses to fit its position embeddings 
 grid). The load builds a test image's embedding step on the loading thread; left unevaluated, the
 tables it cached there stay bound to that thread's stream, and the first engine-thread request of
 the same grid (the lane trial's probe picture is the test image's size) fails with "There is no
-Stream(cpu, N) in current thread". The load check on the loading thread used to evaluate them by
-chance, so the failure came only when it was skipped: a lane forced by the load option (here, in
-a fresh process, deterministic) or a verdict kept from an earlier load.
+Stream(cpu, N) in current thread". The lane check on the loading thread runs a picture of that
+size and so evaluated them there, hiding it; the failure came when the check was skipped: a lane
+forced by the load option (here, in a fresh process: deterministic), or a verdict kept from an
+earlier load of the same model by the same code (engine/lane_verdicts.py), which is why the
+vision matrix failed on LFM2-VL only when run twice without a code change in between.
 """
 
 import json
