@@ -199,7 +199,7 @@ def _embedded_test_image(parts: "VisionParts"):
     them; ModelLoadError where the library itself fails (mlx-vlm 0.7.10's LLaVA processor hands
     text options to the image processor, which transformers 5 refuses): refused at load, not
     on every request."""
-    from loaders.loaded import ModelLoadError
+    from loaders.loaded import ModelLoadError, evaluate
 
     try:
         inputs = _test_image_inputs(parts)
@@ -209,10 +209,14 @@ def _embedded_test_image(parts: "VisionParts"):
     ids = inputs["input_ids"]
     rest = {k: v for k, v in inputs.items() if k not in ("input_ids", "pixel_values", "attention_mask")}
     try:
-        return ids, parts.vlm.get_input_embeddings(ids, inputs.get("pixel_values"),
-                                                   mask=inputs.get("attention_mask"), **rest)
+        features = parts.vlm.get_input_embeddings(ids, inputs.get("pixel_values"),
+                                                  mask=inputs.get("attention_mask"), **rest)
+        # Computed here, though only its shapes are read: what the library cached while building
+        # it (LFM2-VL's position-embedding resize tables) must not stay bound to this thread.
+        evaluate(features)
     except Exception as e:
         raise ModelLoadError(f"mlx-vlm's embedding step fails on a test image: {type(e).__name__}: {e}") from None
+    return ids, features
 
 
 def batch_obstacle(ids, features) -> Optional[str]:

@@ -135,13 +135,6 @@ NOT_YET = {
     "qwen4_exp": "Qwen3VLProcessor (mlx-vlm's own); an experimental text model (n-gram per-layer embeddings, "
                  "a sparse indexer, multi-token prediction); no tiny recipe built here yet",
     "step3p7": _OWN.format("Step3VLProcessor", "a Perception Encoder tower, a Step 3.5 MoE text model"),
-    # Built and served exactly in 3 of 5 matrix runs (SigLIP 2 NaFlex, an LFM2 text model, scaled 1.5x: at 4x
-    # its attention saturates and the image no longer reaches the text); in the other 2 its load checks
-    # failed in both lanes with "There is no Stream(cpu, 1)". Suspected: mlx-vlm's interpolate.py keeps lazy
-    # arrays in module-level lru_caches (_bilinear_weights_1d...), made on whichever thread first asks.
-    "lfm2_vl": "transformers' Lfm2VlProcessor (mlx-vlm's numpy image processor); its tiny build is served exactly "
-               "in some runs and refused at load in others ('There is no Stream(cpu, 1)': an array the library "
-               "caches across threads, suspected in its interpolation caches); not in the matrix until fixed",
     "zaya1_vl": _OWN.format("Zaya1VLProcessor", "the Qwen-VL image processor, a ZAYA1 text model (compressed "
                                                 "convolutional attention, MoE)"),
 }

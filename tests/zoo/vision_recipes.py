@@ -599,6 +599,34 @@ _add("mage_vl", Recipe(**QWEN, config=_mage_vl,
                        files={"preprocessor_config.json": {**_qwen_preprocessor(16), "temporal_patch_size": 1}}))
 
 
+# ---- LFM2-VL: a SigLIP 2 (NaFlex) tower, pixel unshuffle, an LFM2 text model (short convolutions and attention)
+
+LFM2_SPECIALS = ["<|pad|>", "<|im_end|>", "<|im_start|>", "<image>", "<|image_start|>", "<|image_end|>",
+                 "<|img_thumbnail|>"]
+_LFM2_IMAGES = {"min_image_tokens": 4, "max_image_tokens": 16, "tile_size": 64, "encoder_patch_size": 16,
+                "downsample_factor": 2, "max_num_patches": 64}
+
+
+def _lfm2_vl(m, ids, vocab):
+    text = shrink(m.TextConfig, model_type="lfm2", vocab_size=vocab, block_dim=WIDTH, block_ff_dim=2 * WIDTH,
+                  conv_dim=WIDTH, conv_dim_out=WIDTH, num_heads=2, block_auto_adjust_ff_dim=False,
+                  layer_types=["conv", "full_attention"], eos_token_id=ids["<|im_end|>"])
+    vision = shrink(m.VisionConfig, model_type="siglip2_vision_model", patch_size=16, num_patches=64)
+    return {"model_type": "lfm2-vl", "text_config": text, "vision_config": vision, "vocab_size": vocab,
+            "image_token_id": ids["<image>"], "projector_hidden_size": WIDTH, "eos_token_id": ids["<|im_end|>"],
+            **_LFM2_IMAGES}
+
+
+# Scaled 1.5x, not 4x: larger, its attention saturates and the image no longer reaches the text.
+_add("lfm2_vl", Recipe(
+    specials=LFM2_SPECIALS, eos="<|im_end|>", config=_lfm2_vl, scale=1.5,
+    template=INTERN_TEMPLATE.replace("<image>\\n", "<image>"),  # ChatML, the image before the text
+    files={"preprocessor_config.json": {"image_processor_type": "Lfm2VlImageProcessor",
+                                        "processor_class": "Lfm2VlProcessor", "image_mean": [0.5] * 3,
+                                        "image_std": [0.5] * 3, "do_rescale": True, "do_normalize": True,
+                                        "do_pad": True, "resample": 2, **_LFM2_IMAGES}}))
+
+
 # ---- Granite Vision: LLaVA-NeXT's tiles on a SigLIP tower, a Granite text model
 
 def _granite_vision(m, ids, vocab):
