@@ -75,7 +75,6 @@ _HF = "transformers' {} ({}); no tiny recipe built here yet"
 # Families the installed library can run, for which no tiny model is built yet: what each needs.
 NOT_YET = {
     "cohere_compass": _OWN.format("CohereCompassProcessor", "its own image processor, a Cohere text model"),
-    "deepseek_vl_v2": _OWN.format("DeepseekVLV2Processor", "tiled SigLIP, a DeepSeek-V2 MoE text model"),
     "deepseekocr": _OWN.format("DeepseekOCRProcessor", "SAM and CLIP towers, a DeepSeek-V2 text model"),
     "deepseekocr_2": _OWN.format("DeepseekOCR2Processor", "the DeepSeek-OCR text model, a new tower"),
     "unlimited_ocr": _OWN.format("UnlimitedOCRProcessor", "the DeepSeek-OCR text model"),

@@ -649,3 +649,31 @@ _add("kimi_k25", Recipe(
     files={"preprocessor_config.json": {"media_proc_cfg": {"patch_size": 14, "in_patch_limit": 64,
                                                            "merge_kernel_size": [2, 2], "image_mean": [0.5] * 3,
                                                            "image_std": [0.5] * 3}}}))
+
+
+# ---- DeepSeek-VL2: tiled SigLIP (a global view, then local tiles, 2x2 downsampled), a DeepSeek-V2 MoE text
+# model; its own processor reads processor_config.json and adds its chat and grounding tokens itself
+
+DEEPSEEK_SPECIALS = ["<｜▁pad▁｜>", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<image>", "<|User|>",
+                     "<|Assistant|>"]
+DEEPSEEK_TEMPLATE = _turns("{{ '<|' + message['role'].capitalize() + '|>: ' }}", "<image>\\n",
+                           "\\n\\n", "<|Assistant|>:")
+_DEEPSEEK_TILE = 32  # pixels of a tile: 4x4 patches of 8, 2x2 image tokens after the downsample
+
+
+def _deepseek_vl_v2(m, ids, vocab):
+    return {"model_type": "deepseek_vl_v2",
+            "text_config": shrink(m.TextConfig, model_type="deepseek_v2", vocab_size=vocab),
+            "vision_config": {"model_type": "vision", "layers": 1, "width": WIDTH, "num_attention_heads": 2,
+                              "mlp_ratio": 2.0, "image_size": _DEEPSEEK_TILE, "patch_size": 8},
+            "projector_config": {"projector_type": "downsample_mlp_gelu", "input_dim": WIDTH, "n_embed": WIDTH,
+                                 "depth": 2, "downsample_ratio": 2},
+            "image_token_index": ids["<image>"], "pad_id": ids["<｜▁pad▁｜>"], "vocab_size": vocab,
+            "eos_token_id": [ids["<｜end▁of▁sentence｜>"]]}
+
+
+_add("deepseek_vl_v2", Recipe(
+    specials=DEEPSEEK_SPECIALS, eos="<｜end▁of▁sentence｜>", template=DEEPSEEK_TEMPLATE, config=_deepseek_vl_v2,
+    named={"bos_token": "<｜begin▁of▁sentence｜>"},
+    files={"processor_config.json": {"candidate_resolutions": [[_DEEPSEEK_TILE, _DEEPSEEK_TILE]], "patch_size": 8,
+                                     "downsample_ratio": 2, "image_token": "<image>", "pad_token": "<｜▁pad▁｜>"}}))
