@@ -62,6 +62,8 @@ NOT_BUILT = {
                              "question and option spans)"),
     # Processors whose token ids are fixed in their code, past what a tiny vocabulary holds.
     "dots_ocr": "its processor fixes the image token's id at 151665: a tiny vocabulary cannot hold it",
+    "hunyuan_vl": "its processor (HunYuanVLProcessor) fixes the image token's id at 120120 and its start/end at "
+                  "120118/120119: a tiny vocabulary cannot hold them",
     # Text by diffusion: no token-by-token generation for a batch or a stream to reproduce.
     "diffusion_gemma": "generates text by diffusion, not one token a step: nothing this server runs",
     # A weights format the builder does not write.
@@ -91,7 +93,6 @@ NOT_YET = {
     "glm5_next": _OWN.format("Glm5NextProcessor", "its own tower, a GLM-5 text model"),
     "got": _OWN.format("GotOcrProcessor", "a SAM-like tower, a Qwen2 text model"),
     "granite4_vision": _OWN.format("Granite4VisionProcessor", "SigLIP, a Q-Former, a Granite 4 hybrid text model"),
-    "hunyuan_vl": _OWN.format("HunYuanVLProcessor", "its own tower, a HunYuan text model"),
     "inkling": _OWN.format("InklingProcessor", "with mlx-audio for its audio features"),
     "jina_vlm": _OWN.format("JinaVLMProcessor", "its own image tiling"),
     "kimi_k3": _OWN.format("KimiK3Processor", "a 3-D MoonViT, a Kimi Linear text model; tiktoken only for "
@@ -106,7 +107,6 @@ NOT_YET = {
     "molmo2": _OWN.format("Molmo2Processor", "image crops and pooling, its own text model"),
     "molmo_point": _OWN.format("MolmoPointProcessor", "Molmo 2 with point outputs"),
     "moondream3": _OWN.format("Moondream3Processor", "its own crops, a MoE text model"),
-    "multi_modality": _OWN.format("MultiModalityProcessor", "Janus: SigLIP and SAM towers, a Llama text model"),
     "muse_glimmer": _OWN.format("MuseGlimmerProcessor", "its own tower and text model"),
     "muse_spark": _OWN.format("MuseSparkProcessor", "image, video and audio parts"),
     "nemotron_h_nano_omni": _OWN.format("NemotronHNanoOmniProcessor", "a RADIO tower, Parakeet audio, a Nemotron-H "

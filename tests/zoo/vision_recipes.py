@@ -677,3 +677,31 @@ _add("deepseek_vl_v2", Recipe(
     named={"bos_token": "<｜begin▁of▁sentence｜>"},
     files={"processor_config.json": {"candidate_resolutions": [[_DEEPSEEK_TILE, _DEEPSEEK_TILE]], "patch_size": 8,
                                      "downsample_ratio": 2, "image_token": "<image>", "pad_token": "<｜▁pad▁｜>"}}))
+
+
+# ---- Janus / DeepSeek-VL (multi_modality): a SigLIP tower (the plain one; the hybrid SAM+SigLIP tower is the
+# other choice), an MLP aligner, a Llama text model. The processor repeats <image> num_image_tokens times and the
+# model splices the features over that run, so both counts are the tower's patches.
+
+_JANUS_SIZE, _JANUS_PATCH = 32, 8
+
+
+def _multi_modality(m, ids, vocab):
+    return {"model_type": "multi_modality",
+            "text_config": shrink(m.TextConfig, model_type="llama", vocab_size=vocab),
+            "vision_config": shrink(m.VisionConfig, model_type="vision", cls="CLIPVisionTower",
+                                    # the image processor reads its size only from here (else 384 pixels)
+                                    params={"high_res_cfg": {"image_size": _JANUS_SIZE, "pixel_mean": [0.5] * 3,
+                                                             "pixel_std": [0.5] * 3}},
+                                    image_size=_JANUS_SIZE, patch_size=_JANUS_PATCH),
+            "aligner_config": {"cls": "MlpProjector", "model_type": "aligner",
+                               "params": {"projector_type": "mlp_gelu", "depth": 2}},
+            "image_token_index": ids["<image>"], "pad_id": ids["<｜▁pad▁｜>"], "vocab_size": vocab,
+            "num_image_tokens": (_JANUS_SIZE // _JANUS_PATCH) ** 2, "eos_token_id": [ids["<｜end▁of▁sentence｜>"]]}
+
+
+_add("multi_modality", Recipe(
+    specials=DEEPSEEK_SPECIALS, eos="<｜end▁of▁sentence｜>", template=DEEPSEEK_TEMPLATE, config=_multi_modality,
+    named={"bos_token": "<｜begin▁of▁sentence｜>"},
+    files={"processor_config.json": {"processor_class": "MultiModalityProcessor",
+                                     "num_image_tokens": (_JANUS_SIZE // _JANUS_PATCH) ** 2}}))
