@@ -268,8 +268,10 @@ def load_vision(spec, source: str, started: float):
                              f"{type(e).__name__}: {e}") from None
     materialize(vlm)
     cfg = vlm.config
+    # GOT-OCR's config names its image token im_patch_token (<imgpad>).
     media_ids = sorted({i for i in (getattr(cfg, "image_token_id", None), getattr(cfg, "image_token_index", None),
-                                    getattr(cfg, "video_token_id", None)) if isinstance(i, int)})
+                                    getattr(cfg, "video_token_id", None), getattr(cfg, "im_patch_token", None))
+                        if isinstance(i, int)})
     video_id = getattr(cfg, "video_token_id", None)
     parts = VisionParts(
         vlm=vlm, processor=processor, model_type=config.get("model_type", ""), media_token_ids=media_ids,
