@@ -23,7 +23,7 @@ CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.261302
 class Recipe:
     specials: List[str]  # special tokens of the trained tokenizer; the first is its pad token
     eos: str
-    template: str  # the chat template
+    template: str  # the chat template (None: the checkpoint has none)
     config: Callable[[object, Dict[str, int], int], dict]  # (mlx-vlm module, token ids, vocab) -> config.json
     files: Dict[str, dict] = field(default_factory=dict)  # processor files, as JSON
     tokenizer_config: dict = field(default_factory=dict)  # entries added to tokenizer_config.json
@@ -705,3 +705,22 @@ _add("multi_modality", Recipe(
     named={"bos_token": "<｜begin▁of▁sentence｜>"},
     files={"processor_config.json": {"processor_class": "MultiModalityProcessor",
                                      "num_image_tokens": (_JANUS_SIZE // _JANUS_PATCH) ** 2}}))
+
+
+# ---- GOT-OCR 2.0: a SAM-like tower (its image processor always resizes to 1024 pixels; two stride-2 convolutions
+# make the 64x64 patch grid the fixed 256 <imgpad> its prompt holds), a Qwen2 text model, the config flat. Like the
+# real checkpoints, no chat template: mlx-vlm then prompts with the bare question and the processor wraps it in
+# GOT's own conversation with the image's tokens (a templated prompt it leaves as it is, without them).
+
+GOT_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<img>", "</img>", "<imgpad>", "<image>"]
+
+
+def _got(m, ids, vocab):
+    return {**shrink(m.TextConfig, model_type="qwen2", vocab_size=vocab), "model_type": "got",
+            "vision_config": shrink(m.VisionConfig, model_type="got", depth=1, embed_dim=WIDTH, num_heads=2,
+                                    mlp_ratio=2.0, out_chans=16, out_dim=WIDTH, global_attn_indexes=[]),
+            "im_patch_token": ids["<imgpad>"], "im_start_token": ids["<img>"], "im_end_token": ids["</img>"],
+            "vocab_size": vocab, "eos_token_id": [ids["<|im_end|>"]]}
+
+
+_add("got", Recipe(specials=GOT_SPECIALS, eos="<|im_end|>", config=_got, template=None))
