@@ -62,6 +62,13 @@ NOT_BUILT = {
                              "question and option spans)"),
     # Processors whose token ids are fixed in their code, past what a tiny vocabulary holds.
     "dots_ocr": "its processor fixes the image token's id at 151665: a tiny vocabulary cannot hold it",
+    # A tower whose size the model code fixes, not the config.
+    "deepseekocr": "its SAM tower is built from SAMViTConfig()'s defaults whatever the config says (ViT-B: 12 "
+                   "layers of width 768 at 1024 pixels, some 90M parameters): no tiny model can be built",
+    "deepseekocr_2": "DeepSeek-OCR's fixed full-size SAM tower (SAMViTConfig() defaults, not the config's): no "
+                     "tiny model can be built",
+    "unlimited_ocr": "DeepSeek-OCR's model, with its fixed full-size SAM tower (SAMViTConfig() defaults, not the "
+                     "config's): no tiny model can be built",
     "hunyuan_vl": "its processor (HunYuanVLProcessor) fixes the image token's id at 120120 and its start/end at "
                   "120118/120119: a tiny vocabulary cannot hold them",
     # Text by diffusion: no token-by-token generation for a batch or a stream to reproduce.
@@ -77,9 +84,6 @@ _HF = "transformers' {} ({}); no tiny recipe built here yet"
 # Families the installed library can run, for which no tiny model is built yet: what each needs.
 NOT_YET = {
     "cohere_compass": _OWN.format("CohereCompassProcessor", "its own image processor, a Cohere text model"),
-    "deepseekocr": _OWN.format("DeepseekOCRProcessor", "SAM and CLIP towers, a DeepSeek-V2 text model"),
-    "deepseekocr_2": _OWN.format("DeepseekOCR2Processor", "the DeepSeek-OCR text model, a new tower"),
-    "unlimited_ocr": _OWN.format("UnlimitedOCRProcessor", "the DeepSeek-OCR text model"),
     "ernie4_5_moe_vl": _OWN.format("Ernie4_5_VLProcessor", "a SentencePiece tokenizer, an ERNIE 4.5 MoE text model"),
     "falcon_ocr": _OWN.format("FalconOCRProcessor", "transformers' PPDocLayoutV3 image processor; torch, not "
                                                               "installed, only for its optional layout stage"),
