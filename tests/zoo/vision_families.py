@@ -62,6 +62,8 @@ NOT_BUILT = {
                              "question and option spans)"),
     # Processors whose token ids are fixed in their code, past what a tiny vocabulary holds.
     "dots_ocr": "its processor fixes the image token's id at 151665: a tiny vocabulary cannot hold it",
+    "jina_vlm": "its image processor (built inside JinaVLMProcessor with no arguments) writes the image tokens at "
+                "fixed ids 151665-151668: a tiny vocabulary cannot hold them",
     # A tower whose size the model code fixes, not the config.
     "deepseekocr": "its SAM tower is built from SAMViTConfig()'s defaults whatever the config says (ViT-B: 12 "
                    "layers of width 768 at 1024 pixels, some 90M parameters): no tiny model can be built",
@@ -97,7 +99,6 @@ NOT_YET = {
     "glm5_next": _OWN.format("Glm5NextProcessor", "its own tower, a GLM-5 text model"),
     "granite4_vision": _OWN.format("Granite4VisionProcessor", "SigLIP, a Q-Former, a Granite 4 hybrid text model"),
     "inkling": _OWN.format("InklingProcessor", "with mlx-audio for its audio features"),
-    "jina_vlm": _OWN.format("JinaVLMProcessor", "its own image tiling"),
     "kimi_k3": _OWN.format("KimiK3Processor", "a 3-D MoonViT, a Kimi Linear text model; tiktoken only for "
                                               "legacy tiktoken.model checkpoints"),
     "locateanything": _OWN.format("LocateAnythingProcessor", "MoonViT, a Qwen2 text model, box outputs"),
