@@ -97,7 +97,6 @@ NOT_YET = {
     "gemma3n": _OWN.format("Gemma3nProcessor", "a MobileNet-V5 tower, audio features, per-layer inputs"),
     "gemma4_unified": _OWN.format("Gemma4UnifiedProcessor", "the Gemma 4 text model, its own image and audio parts"),
     "glm5_next": _OWN.format("Glm5NextProcessor", "its own tower, a GLM-5 text model"),
-    "granite4_vision": _OWN.format("Granite4VisionProcessor", "SigLIP, a Q-Former, a Granite 4 hybrid text model"),
     "inkling": _OWN.format("InklingProcessor", "with mlx-audio for its audio features"),
     "kimi_k3": _OWN.format("KimiK3Processor", "a 3-D MoonViT, a Kimi Linear text model; tiktoken only for "
                                               "legacy tiktoken.model checkpoints"),

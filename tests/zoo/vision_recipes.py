@@ -724,3 +724,27 @@ def _got(m, ids, vocab):
 
 
 _add("got", Recipe(specials=GOT_SPECIALS, eos="<|im_end|>", config=_got, template=None))
+
+
+# ---- Granite 4 Vision: LLaVA-NeXT's tiles on a SigLIP tower, windowed Q-Former projectors (one per deepstack
+# layer, four spatial ones) whose features are added at chosen text layers, a Granite text model. The Q-Former's
+# heads are its width over 64, so the tower is 64 wide.
+
+def _granite4_vision(m, ids, vocab):
+    return {"model_type": "granite4_vision",
+            "text_config": shrink(m.TextConfig, model_type="granite", vocab_size=vocab,
+                                  embedding_multiplier=1.0, residual_multiplier=1.0, attention_multiplier=0.25,
+                                  logits_scaling=1.0),  # plain scales, as for Granite Vision
+            "vision_config": shrink(m.VisionConfig, model_type="siglip_vision_model", image_size=56, patch_size=14,
+                                    hidden_size=64, intermediate_size=64),
+            "image_token_index": ids["<image>"], "vision_feature_select_strategy": "full",
+            "image_grid_pinpoints": [[56, 56], [56, 112], [112, 56]], "downsample_rate": "1/2",
+            "deepstack_layer_map": [[-1, 1]], "use_spatial_sampling": True, "spatial_target_layers": [0],
+            "vocab_size": vocab, "eos_token_id": [ids["<|im_end|>"]]}
+
+
+_add("granite4_vision", Recipe(
+    specials=_LLAVA_NEXT.specials, eos="<|im_end|>", template=LLAVA_TEMPLATE, config=_granite4_vision,
+    files={"preprocessor_config.json": RECIPES["granite_vision"].files["preprocessor_config.json"],
+           "processor_config.json": {**RECIPES["granite_vision"].files["processor_config.json"],
+                                     "downsample_rate": "1/2"}}))
