@@ -9,6 +9,7 @@ model_type).
 """
 
 import importlib
+import json
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List
 
@@ -32,6 +33,9 @@ class Recipe:
     # Matrices left as initialised (by name): Gemma's scaled input embeddings would otherwise
     # drown the layers, and greedy repeats one token whatever the prompt.
     unscaled: tuple = ()
+    # A family whose processor reads its own tokenizer format: (target folder, recipe) -> the saved tokenizer,
+    # in place of the byte-level BPE.
+    tokenizer: Callable = None
 
 
 def module_of(family: str):
@@ -748,3 +752,49 @@ _add("granite4_vision", Recipe(
     files={"preprocessor_config.json": RECIPES["granite_vision"].files["preprocessor_config.json"],
            "processor_config.json": {**RECIPES["granite_vision"].files["processor_config.json"],
                                      "downsample_rate": "1/2"}}))
+
+
+# ---- ERNIE 4.5 VL: a DFN-RoPE tower (Qwen-like patches of 14, merged 2x2), a resampler, an ERNIE 4.5 MoE text
+# model with 3-D RoPE; its tokenizer is a SentencePiece model (tokenizer.model), trained here on the same corpus.
+
+ERNIE_SPECIALS = ["<|IMAGE_START|>", "<|IMAGE_END|>", "<|IMAGE_PLACEHOLDER|>", "<|image@placeholder|>",
+                  "<|begin_of_sentence|>", "<|end_of_sentence|>", "<mask:1>", "<mask:7>"]
+# mlx-vlm hands ERNIE its images as image_url parts
+ERNIE_TEMPLATE = _turns("{{ message['role'].capitalize() + ': ' }}",
+                        "<|IMAGE_START|><|image@placeholder|><|IMAGE_END|>", "\\n", "Assistant: ").replace(
+    "part['type'] == 'image'", "part['type'] in ('image', 'image_url')")
+
+
+def _ernie_tokenizer(target, recipe):
+    import io
+
+    import sentencepiece as spm
+    from vision_fixture import CORPUS
+
+    from mlx_vlm.models.ernie4_5_moe_vl.processing_ernie4_5_moe_vl import Ernie4_5_VLTokenizer
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(CORPUS * 4), model_writer=model, vocab_size=400,
+                                   model_type="bpe", byte_fallback=True, user_defined_symbols=ERNIE_SPECIALS,
+                                   unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "tokenizer.model").write_bytes(model.getvalue())
+    (target / "tokenizer_config.json").write_text(json.dumps({"chat_template": recipe.template}))
+    return Ernie4_5_VLTokenizer(str(target / "tokenizer.model"), chat_template=recipe.template)
+
+
+def _ernie(m, ids, vocab):
+    text = shrink(m.TextConfig, vocab_size=vocab, head_dim=None, moe_num_experts=4, moe_layer_start_index=1,
+                  moe_layer_end_index=1, moe_k=2, moe_intermediate_size=WIDTH, mrope_section=[3, 3, 2],
+                  freq_allocation=2)
+    text.pop("head_dim")
+    patch = ids["<|IMAGE_PLACEHOLDER|>"]
+    return {**text, "model_type": "ernie4_5_moe_vl",
+            "vision_config": shrink(m.VisionConfig, depth=1, embed_dim=WIDTH, num_heads=2, mlp_ratio=2.0),
+            "pixel_hidden_size": WIDTH, "im_patch_id": patch, "image_token_id": patch, "video_token_id": patch,
+            "image_start_token_id": ids["<|IMAGE_START|>"], "image_end_token_id": ids["<|IMAGE_END|>"],
+            "vocab_size": vocab, "eos_token_id": [ids["</s>"]]}
+
+
+_add("ernie4_5_moe_vl", Recipe(specials=ERNIE_SPECIALS + ["</s>"], eos="</s>", template=ERNIE_TEMPLATE,
+                               config=_ernie, tokenizer=_ernie_tokenizer))
