@@ -117,7 +117,6 @@ NOT_YET = {
     "phi3_v": _OWN.format("Phi3VProcessor", "CLIP crops, a Phi-3 text model"),
     "phi4_siglip": _OWN.format("Phi4SigLipProcessor", "SigLIP 2, a Phi-4 text model"),
     "phi4mm": _OWN.format("Phi4MMProcessor", "SigLIP 2 crops, audio, LoRA adapters in a Phi-4 text model"),
-    "plamo2vl": _OWN.format("Plamo2VLProcessor", "SigLIP, a PLaMo 2 hybrid text model"),
     "qwen3_omni_moe": _OWN.format("Qwen3OmniMoeProcessor", "Qwen 3 vision, audio encoder, talker"),
     "qwen4_exp": "Qwen3VLProcessor (mlx-vlm's own); an experimental text model (n-gram per-layer embeddings, "
                  "a sparse indexer, multi-token prediction); no tiny recipe built here yet",

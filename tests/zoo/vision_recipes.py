@@ -798,3 +798,49 @@ def _ernie(m, ids, vocab):
 
 _add("ernie4_5_moe_vl", Recipe(specials=ERNIE_SPECIALS + ["</s>"], eos="</s>", template=ERNIE_TEMPLATE,
                                config=_ernie, tokenizer=_ernie_tokenizer))
+
+
+# ---- PLaMo 2 VL: SigLIP tiles (no downsampling here: a tile's patches are its <plamo:image> tokens), a PLaMo 2
+# hybrid (Mamba and attention) text model. Its processor writes the prompt itself (a fixed Japanese instruction
+# template, the images' tokens first) and its tokenizer reads tokenizer.jsonl: rows [piece, score, kind], byte
+# pieces for what no piece covers. The one written here holds the corpus's characters and words.
+
+PLAMO_SPECIALS = ["<|plamo:unk|>", "<|plamo:bos|>", "<|plamo:eos|>", "<|plamo:pad|>", "<plamo:image>",
+                  "<siglip2:img>", "</siglip2:img>"]
+_PLAMO_TILE, _PLAMO_PATCH = 28, 14
+
+
+def _plamo_tokenizer(target, recipe):
+    from vision_fixture import CORPUS
+
+    from mlx_vlm.models.plamo2vl.processing import Plamo2Tokenizer
+
+    rows = [[t, 0.0, "CONTROL"] for t in PLAMO_SPECIALS] + [[f"<0x{b:02X}>", 0.0, "BYTE"] for b in range(256)]
+    words = sorted({p for line in CORPUS for w in line.split() for p in (w, " " + w)} | set("".join(CORPUS)))
+    rows += [[w, -1.0, "NORMAL"] for w in words]  # each piece costs the same: the fewest pieces win
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "tokenizer.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    (target / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|plamo:eos|>", "bos_token": "<|plamo:bos|>", "pad_token": "<|plamo:pad|>",
+         "unk_token": "<|plamo:unk|>", "additional_special_tokens": PLAMO_SPECIALS[4:]}))
+    return Plamo2Tokenizer.from_pretrained(target)
+
+
+def _plamo2vl(m, ids, vocab):
+    return {"model_type": "plamo2vl",
+            "text_config": shrink(m.TextConfig, model_type="plamo2", vocab_size=vocab, hidden_size_per_head=16,
+                                  mamba_d_state=8, mamba_num_heads=2, mamba_step=2, mamba_chunk_size=16,
+                                  attention_window_size=4096),
+            "vision_config": shrink(m.VisionConfig, image_size=_PLAMO_TILE, patch_size=_PLAMO_PATCH,
+                                    image_token_id=ids["<plamo:image>"], image_feature_size=WIDTH,
+                                    image_proj_hidden_size=WIDTH),
+            "image_token_index": ids["<plamo:image>"], "eos_token_id": [ids["<|plamo:eos|>"]]}
+
+
+_add("plamo2vl", Recipe(
+    specials=PLAMO_SPECIALS, eos="<|plamo:eos|>", template=None, config=_plamo2vl, tokenizer=_plamo_tokenizer,
+    files={"preprocessor_config.json": {
+        "image_processor_type": "SiglipImageProcessor", "size": {"height": _PLAMO_TILE, "width": _PLAMO_TILE},
+        "do_resize": True, "do_rescale": True, "do_normalize": True, "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
+        "patch_size": _PLAMO_PATCH, "max_image_width": 2 * _PLAMO_TILE, "max_image_height": 2 * _PLAMO_TILE,
+        "downsample_ratio": 1.0, "tile_context_length": 64}}))
