@@ -12,6 +12,7 @@ Nothing of the backend is imported.
 """
 
 import base64
+import contextlib
 import io
 import json
 import os
@@ -84,8 +85,6 @@ def answer(job: dict) -> dict:
 
 def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import contextlib
-
     for spec in json.load(sys.stdin):  # an answer a line, read as each is done (family_oracle.OracleStream)
         # Some processors print as they load (DeepSeek-VL2's); stdout carries only the answers.
         with contextlib.redirect_stdout(sys.stderr):

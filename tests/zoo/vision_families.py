@@ -64,6 +64,8 @@ NOT_BUILT = {
     "dots_ocr": "its processor fixes the image token's id at 151665: a tiny vocabulary cannot hold it",
     "jina_vlm": "its image processor (built inside JinaVLMProcessor with no arguments) writes the image tokens at "
                 "fixed ids 151665-151668: a tiny vocabulary cannot hold them",
+    "hunyuan_vl": "its processor (HunYuanVLProcessor) fixes the image token's id at 120120 and its start/end at "
+                  "120118/120119: a tiny vocabulary cannot hold them",
     # A tower whose size the model code fixes, not the config.
     "deepseekocr": "its SAM tower is built from SAMViTConfig()'s defaults whatever the config says (ViT-B: 12 "
                    "layers of width 768 at 1024 pixels, some 90M parameters): no tiny model can be built",
@@ -71,8 +73,6 @@ NOT_BUILT = {
                      "tiny model can be built",
     "unlimited_ocr": "DeepSeek-OCR's model, with its fixed full-size SAM tower (SAMViTConfig() defaults, not the "
                      "config's): no tiny model can be built",
-    "hunyuan_vl": "its processor (HunYuanVLProcessor) fixes the image token's id at 120120 and its start/end at "
-                  "120118/120119: a tiny vocabulary cannot hold them",
     # Text by diffusion: no token-by-token generation for a batch or a stream to reproduce.
     "diffusion_gemma": "generates text by diffusion, not one token a step: nothing this server runs",
     # A weights format the builder does not write.
