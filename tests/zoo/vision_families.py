@@ -135,6 +135,10 @@ NOT_BUILT.update(NOT_YET)
 
 # Families the installed library cannot run here: what is missing.
 LIBRARY_CANNOT = {
+    "deepseek_vl_v2": "mlx-vlm's own greedy answer for a picture depends on what it generated before in the same "
+                      "process (tiny model, recipe built: picture 2 alone gives [226, 360, ...], after picture 1 "
+                      "[10, 157, ...]; the weights are unchanged), so there is no stable answer to serve; suspected: "
+                      "state kept between generations in its DeepSeek-VL2 image path, not found yet",
     "moondream2": "its processor (Moondream2Processor) always loads its tokenizer from the Hub repository "
                   "moondream/starmie-v1, and no model hub is reachable here",
     "mistral_large3": "mlx-vlm puts no image in its prompt (no mistral_large3 entry in prompt_utils' formats) and "

@@ -679,7 +679,11 @@ def _deepseek_vl_v2(m, ids, vocab):
 _add("deepseek_vl_v2", Recipe(
     specials=DEEPSEEK_SPECIALS, eos="<｜end▁of▁sentence｜>", template=DEEPSEEK_TEMPLATE, config=_deepseek_vl_v2,
     named={"bos_token": "<｜begin▁of▁sentence｜>"},
-    files={"processor_config.json": {"candidate_resolutions": [[_DEEPSEEK_TILE, _DEEPSEEK_TILE]], "patch_size": 8,
+    # One tile, two side by side, two stacked (the first is the tile's size): the test's landscape and portrait
+    # pictures take different prompt lengths.
+    files={"processor_config.json": {"candidate_resolutions": [[_DEEPSEEK_TILE, _DEEPSEEK_TILE],
+                                                               [2 * _DEEPSEEK_TILE, _DEEPSEEK_TILE],
+                                                               [_DEEPSEEK_TILE, 2 * _DEEPSEEK_TILE]], "patch_size": 8,
                                      "downsample_ratio": 2, "image_token": "<image>", "pad_token": "<｜▁pad▁｜>"}}))
 
 
