@@ -58,7 +58,8 @@ def train_tokenizer(target: Path, specials=SPECIALS, template=CHAT_TEMPLATE, eos
                                    additional_special_tokens=specials[1:], **named)
     fast.chat_template = template
     fast.save_pretrained(str(target))
-    (target / "chat_template.jinja").write_text(template)
+    if template is not None:  # None: a checkpoint that ships no chat template (GOT-OCR's)
+        (target / "chat_template.jinja").write_text(template)
     return fast
 
 

@@ -12,6 +12,7 @@ Nothing of the backend is imported.
 """
 
 import base64
+import contextlib
 import io
 import json
 import os
@@ -85,7 +86,10 @@ def answer(job: dict) -> dict:
 def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     for spec in json.load(sys.stdin):  # an answer a line, read as each is done (family_oracle.OracleStream)
-        print(json.dumps(answer(spec)), flush=True)
+        # Some processors print as they load (DeepSeek-VL2's); stdout carries only the answers.
+        with contextlib.redirect_stdout(sys.stderr):
+            out = answer(spec)
+        print(json.dumps(out), flush=True)
 
 
 def job(model: str, question: str, images, max_tokens: int, video=None) -> dict:

@@ -251,10 +251,24 @@ def _bounds(spec):
     return media_bounds.from_load(spec.options, {})
 
 
+def _tokenizer(source: Path, processor, eos):
+    """mlx-lm's tokenizer for the folder, or, when transformers cannot load one from it, the processor's own
+    (PLaMo 2 VL's processor reads tokenizer.jsonl with its own class, which no Auto class knows)."""
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    from mlx_lm.utils import load_tokenizer
+
+    try:
+        return load_tokenizer(source, eos_token_ids=eos)
+    except ValueError:
+        own = getattr(processor, "tokenizer", None)
+        if own is None:
+            raise
+        return TokenizerWrapper(own, eos_token_ids=eos)
+
+
 def load_vision(spec, source: str, started: float):
     """LoadedModel of kind "vision" from a directory whose config.json has a vision_config."""
     import mlx.core as mx
-    from mlx_lm.utils import load_tokenizer
     from mlx_vlm.utils import load as vlm_load
 
     from loaders.loaded import LoadedModel, ModelLoadError, materialize
@@ -266,14 +280,16 @@ def load_vision(spec, source: str, started: float):
     try:
         vlm, processor = vlm_load(source, trust_remote_code=spec.trust_remote_code)
         eos = config.get("eos_token_id") or config.get("text_config", {}).get("eos_token_id")
-        tokenizer = load_tokenizer(Path(source), eos_token_ids=[eos] if isinstance(eos, int) else eos)
+        tokenizer = _tokenizer(Path(source), processor, [eos] if isinstance(eos, int) else eos)
     except Exception as e:  # format errors arrive as many types
         raise ModelLoadError(f"{source}: the vision model did not load through mlx-vlm: "
                              f"{type(e).__name__}: {e}") from None
     materialize(vlm)
     cfg = vlm.config
+    # GOT-OCR's config names its image token im_patch_token (<imgpad>).
     media_ids = sorted({i for i in (getattr(cfg, "image_token_id", None), getattr(cfg, "image_token_index", None),
-                                    getattr(cfg, "video_token_id", None)) if isinstance(i, int)})
+                                    getattr(cfg, "video_token_id", None), getattr(cfg, "im_patch_token", None))
+                        if isinstance(i, int)})
     video_id = getattr(cfg, "video_token_id", None)
     parts = VisionParts(
         vlm=vlm, processor=processor, model_type=config.get("model_type", ""), media_token_ids=media_ids,

@@ -49,6 +49,8 @@ def default_root() -> Path:
 
 def _tokens(recipe: Recipe, target: Path):
     """The trained tokenizer saved into `target` (with the recipe's tokenizer_config entries)."""
+    if recipe.tokenizer is not None:
+        return recipe.tokenizer(target, recipe)
     tok = train_tokenizer(target, recipe.specials, recipe.template, eos=recipe.eos, pad=recipe.specials[0],
                      **recipe.named)
     if recipe.tokenizer_config:

@@ -62,6 +62,17 @@ NOT_BUILT = {
                              "question and option spans)"),
     # Processors whose token ids are fixed in their code, past what a tiny vocabulary holds.
     "dots_ocr": "its processor fixes the image token's id at 151665: a tiny vocabulary cannot hold it",
+    "jina_vlm": "its image processor (built inside JinaVLMProcessor with no arguments) writes the image tokens at "
+                "fixed ids 151665-151668: a tiny vocabulary cannot hold them",
+    "hunyuan_vl": "its processor (HunYuanVLProcessor) fixes the image token's id at 120120 and its start/end at "
+                  "120118/120119: a tiny vocabulary cannot hold them",
+    # A tower whose size the model code fixes, not the config.
+    "deepseekocr": "its SAM tower is built from SAMViTConfig()'s defaults whatever the config says (ViT-B: 12 "
+                   "layers of width 768 at 1024 pixels, some 90M parameters): no tiny model can be built",
+    "deepseekocr_2": "DeepSeek-OCR's fixed full-size SAM tower (SAMViTConfig() defaults, not the config's): no "
+                     "tiny model can be built",
+    "unlimited_ocr": "DeepSeek-OCR's model, with its fixed full-size SAM tower (SAMViTConfig() defaults, not the "
+                     "config's): no tiny model can be built",
     # Text by diffusion: no token-by-token generation for a batch or a stream to reproduce.
     "diffusion_gemma": "generates text by diffusion, not one token a step: nothing this server runs",
     # A weights format the builder does not write.
@@ -75,11 +86,6 @@ _HF = "transformers' {} ({}); no tiny recipe built here yet"
 # Families the installed library can run, for which no tiny model is built yet: what each needs.
 NOT_YET = {
     "cohere_compass": _OWN.format("CohereCompassProcessor", "its own image processor, a Cohere text model"),
-    "deepseek_vl_v2": _OWN.format("DeepseekVLV2Processor", "tiled SigLIP, a DeepSeek-V2 MoE text model"),
-    "deepseekocr": _OWN.format("DeepseekOCRProcessor", "SAM and CLIP towers, a DeepSeek-V2 text model"),
-    "deepseekocr_2": _OWN.format("DeepseekOCR2Processor", "the DeepSeek-OCR text model, a new tower"),
-    "unlimited_ocr": _OWN.format("UnlimitedOCRProcessor", "the DeepSeek-OCR text model"),
-    "ernie4_5_moe_vl": _OWN.format("Ernie4_5_VLProcessor", "a SentencePiece tokenizer, an ERNIE 4.5 MoE text model"),
     "falcon_ocr": _OWN.format("FalconOCRProcessor", "transformers' PPDocLayoutV3 image processor; torch, not "
                                                               "installed, only for its optional layout stage"),
     "falcon_perception": _OWN.format("FalconPerceptionProcessor", "an AnyUp upsampler, detection outputs"),
@@ -92,11 +98,7 @@ NOT_YET = {
                "it tiny; Gemma3nProcessor, audio features, per-layer inputs; not built here",
     "gemma4_unified": _OWN.format("Gemma4UnifiedProcessor", "the Gemma 4 text model, its own image and audio parts"),
     "glm5_next": _OWN.format("Glm5NextProcessor", "its own tower, a GLM-5 text model"),
-    "got": _OWN.format("GotOcrProcessor", "a SAM-like tower, a Qwen2 text model"),
-    "granite4_vision": _OWN.format("Granite4VisionProcessor", "SigLIP, a Q-Former, a Granite 4 hybrid text model"),
-    "hunyuan_vl": _OWN.format("HunYuanVLProcessor", "its own tower, a HunYuan text model"),
     "inkling": _OWN.format("InklingProcessor", "with mlx-audio for its audio features"),
-    "jina_vlm": _OWN.format("JinaVLMProcessor", "its own image tiling"),
     "kimi_k3": _OWN.format("KimiK3Processor", "a 3-D MoonViT, a Kimi Linear text model; tiktoken only for "
                                               "legacy tiktoken.model checkpoints"),
     "locateanything": _OWN.format("LocateAnythingProcessor", "MoonViT, a Qwen2 text model, box outputs"),
@@ -121,7 +123,6 @@ NOT_YET = {
     "molmo2": _OWN.format("Molmo2Processor", "image crops and pooling, its own text model"),
     "molmo_point": _OWN.format("MolmoPointProcessor", "Molmo 2 with point outputs"),
     "moondream3": _OWN.format("Moondream3Processor", "its own crops, a MoE text model"),
-    "multi_modality": _OWN.format("MultiModalityProcessor", "Janus: SigLIP and SAM towers, a Llama text model"),
     "muse_glimmer": _OWN.format("MuseGlimmerProcessor", "its own tower and text model"),
     "muse_spark": _OWN.format("MuseSparkProcessor", "image, video and audio parts"),
     "nemotron_h_nano_omni": _OWN.format("NemotronHNanoOmniProcessor", "a RADIO tower, Parakeet audio, a Nemotron-H "
@@ -130,7 +131,6 @@ NOT_YET = {
     "phi3_v": "its CLIP tower is fixed in mlx-vlm's code (VisionModel.CLIP_VIT_LARGE_PATCH14_336_CONFIG: 24 layers, "
               "1024 wide, 336-pixel crops, 144 tokens a crop; the config's vision part is not read), so no config "
               "makes it tiny; Phi3VProcessor, a Phi-3 text model; not built here",
-    "plamo2vl": _OWN.format("Plamo2VLProcessor", "SigLIP, a PLaMo 2 hybrid text model"),
     "qwen3_omni_moe": _OWN.format("Qwen3OmniMoeProcessor", "Qwen 3 vision, audio encoder, talker"),
     "qwen4_exp": "Qwen3VLProcessor (mlx-vlm's own); an experimental text model (n-gram per-layer embeddings, "
                  "a sparse indexer, multi-token prediction); no tiny recipe built here yet",
@@ -142,6 +142,10 @@ NOT_BUILT.update(NOT_YET)
 
 # Families the installed library cannot run here: what is missing.
 LIBRARY_CANNOT = {
+    "deepseek_vl_v2": "mlx-vlm's own greedy answer for a picture depends on what it generated before in the same "
+                      "process (tiny model, recipe built: picture 2 alone gives [226, 360, ...], after picture 1 "
+                      "[10, 157, ...]; the weights are unchanged), so there is no stable answer to serve; suspected: "
+                      "state kept between generations in its DeepSeek-VL2 image path, not found yet",
     "moondream2": "its processor (Moondream2Processor) always loads its tokenizer from the Hub repository "
                   "moondream/starmie-v1, and no model hub is reachable here",
     "mistral_large3": "mlx-vlm puts no image in its prompt (no mistral_large3 entry in prompt_utils' formats) and "

@@ -9,6 +9,7 @@ model_type).
 """
 
 import importlib
+import json
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List
 
@@ -23,7 +24,7 @@ CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.261302
 class Recipe:
     specials: List[str]  # special tokens of the trained tokenizer; the first is its pad token
     eos: str
-    template: str  # the chat template
+    template: str  # the chat template (None: the checkpoint has none)
     config: Callable[[object, Dict[str, int], int], dict]  # (mlx-vlm module, token ids, vocab) -> config.json
     files: Dict[str, dict] = field(default_factory=dict)  # processor files, as JSON
     tokenizer_config: dict = field(default_factory=dict)  # entries added to tokenizer_config.json
@@ -32,6 +33,9 @@ class Recipe:
     # Matrices left as initialised (by name): Gemma's scaled input embeddings would otherwise
     # drown the layers, and greedy repeats one token whatever the prompt.
     unscaled: tuple = ()
+    # A family whose processor reads its own tokenizer format: (target folder, recipe) -> the saved tokenizer,
+    # in place of the byte-level BPE.
+    tokenizer: Callable = None
 
 
 def module_of(family: str):
@@ -695,3 +699,198 @@ def _phi4mm(m, ids, vocab):
 _add("phi4mm", Recipe(specials=["<|endoftext|>", "<|end|>", "<|user|>", "<|assistant|>", "<image>"], eos="<|end|>",
                       template=_turns("{{ '<|' + message['role'] + '|>' }}", "<image>", "<|end|>", "<|assistant|>"),
                       config=_phi4mm))
+
+
+# ---- DeepSeek-VL2: tiled SigLIP (a global view, then local tiles, 2x2 downsampled), a DeepSeek-V2 MoE text
+# model; its own processor reads processor_config.json and adds its chat and grounding tokens itself
+
+DEEPSEEK_SPECIALS = ["<｜▁pad▁｜>", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<image>", "<|User|>",
+                     "<|Assistant|>"]
+DEEPSEEK_TEMPLATE = _turns("{{ '<|' + message['role'].capitalize() + '|>: ' }}", "<image>\\n",
+                           "\\n\\n", "<|Assistant|>:")
+_DEEPSEEK_TILE = 32  # pixels of a tile: 4x4 patches of 8, 2x2 image tokens after the downsample
+
+
+def _deepseek_vl_v2(m, ids, vocab):
+    return {"model_type": "deepseek_vl_v2",
+            "text_config": shrink(m.TextConfig, model_type="deepseek_v2", vocab_size=vocab),
+            "vision_config": {"model_type": "vision", "layers": 1, "width": WIDTH, "num_attention_heads": 2,
+                              "mlp_ratio": 2.0, "image_size": _DEEPSEEK_TILE, "patch_size": 8},
+            "projector_config": {"projector_type": "downsample_mlp_gelu", "input_dim": WIDTH, "n_embed": WIDTH,
+                                 "depth": 2, "downsample_ratio": 2},
+            "image_token_index": ids["<image>"], "pad_id": ids["<｜▁pad▁｜>"], "vocab_size": vocab,
+            "eos_token_id": [ids["<｜end▁of▁sentence｜>"]]}
+
+
+_add("deepseek_vl_v2", Recipe(
+    specials=DEEPSEEK_SPECIALS, eos="<｜end▁of▁sentence｜>", template=DEEPSEEK_TEMPLATE, config=_deepseek_vl_v2,
+    named={"bos_token": "<｜begin▁of▁sentence｜>"},
+    # One tile, two side by side, two stacked (the first is the tile's size): the test's landscape and portrait
+    # pictures take different prompt lengths.
+    files={"processor_config.json": {"candidate_resolutions": [[_DEEPSEEK_TILE, _DEEPSEEK_TILE],
+                                                               [2 * _DEEPSEEK_TILE, _DEEPSEEK_TILE],
+                                                               [_DEEPSEEK_TILE, 2 * _DEEPSEEK_TILE]], "patch_size": 8,
+                                     "downsample_ratio": 2, "image_token": "<image>", "pad_token": "<｜▁pad▁｜>"}}))
+
+
+# ---- Janus / DeepSeek-VL (multi_modality): a SigLIP tower (the plain one; the hybrid SAM+SigLIP tower is the
+# other choice), an MLP aligner, a Llama text model. The processor repeats <image> num_image_tokens times and the
+# model splices the features over that run, so both counts are the tower's patches.
+
+_JANUS_SIZE, _JANUS_PATCH = 32, 8
+
+
+def _multi_modality(m, ids, vocab):
+    return {"model_type": "multi_modality",
+            "text_config": shrink(m.TextConfig, model_type="llama", vocab_size=vocab),
+            "vision_config": shrink(m.VisionConfig, model_type="vision", cls="CLIPVisionTower",
+                                    # the image processor reads its size only from here (else 384 pixels)
+                                    params={"high_res_cfg": {"image_size": _JANUS_SIZE, "pixel_mean": [0.5] * 3,
+                                                             "pixel_std": [0.5] * 3}},
+                                    image_size=_JANUS_SIZE, patch_size=_JANUS_PATCH),
+            "aligner_config": {"cls": "MlpProjector", "model_type": "aligner",
+                               "params": {"projector_type": "mlp_gelu", "depth": 2}},
+            "image_token_index": ids["<image>"], "pad_id": ids["<｜▁pad▁｜>"], "vocab_size": vocab,
+            "num_image_tokens": (_JANUS_SIZE // _JANUS_PATCH) ** 2, "eos_token_id": [ids["<｜end▁of▁sentence｜>"]]}
+
+
+_add("multi_modality", Recipe(
+    specials=DEEPSEEK_SPECIALS, eos="<｜end▁of▁sentence｜>", template=DEEPSEEK_TEMPLATE, config=_multi_modality,
+    named={"bos_token": "<｜begin▁of▁sentence｜>"},
+    files={"processor_config.json": {"processor_class": "MultiModalityProcessor",
+                                     "num_image_tokens": (_JANUS_SIZE // _JANUS_PATCH) ** 2}}))
+
+
+# ---- GOT-OCR 2.0: a SAM-like tower (its image processor always resizes to 1024 pixels; two stride-2 convolutions
+# make the 64x64 patch grid the fixed 256 <imgpad> its prompt holds), a Qwen2 text model, the config flat. Like the
+# real checkpoints, no chat template: mlx-vlm then prompts with the bare question and the processor wraps it in
+# GOT's own conversation with the image's tokens (a templated prompt it leaves as it is, without them).
+
+GOT_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<img>", "</img>", "<imgpad>", "<image>"]
+
+
+def _got(m, ids, vocab):
+    return {**shrink(m.TextConfig, model_type="qwen2", vocab_size=vocab), "model_type": "got",
+            "vision_config": shrink(m.VisionConfig, model_type="got", depth=1, embed_dim=WIDTH, num_heads=2,
+                                    mlp_ratio=2.0, out_chans=16, out_dim=WIDTH, global_attn_indexes=[]),
+            "im_patch_token": ids["<imgpad>"], "im_start_token": ids["<img>"], "im_end_token": ids["</img>"],
+            "vocab_size": vocab, "eos_token_id": [ids["<|im_end|>"]]}
+
+
+_add("got", Recipe(specials=GOT_SPECIALS, eos="<|im_end|>", config=_got, template=None))
+
+
+# ---- Granite 4 Vision: LLaVA-NeXT's tiles on a SigLIP tower, windowed Q-Former projectors (one per deepstack
+# layer, four spatial ones) whose features are added at chosen text layers, a Granite text model. The Q-Former's
+# heads are its width over 64, so the tower is 64 wide.
+
+def _granite4_vision(m, ids, vocab):
+    return {"model_type": "granite4_vision",
+            "text_config": shrink(m.TextConfig, model_type="granite", vocab_size=vocab,
+                                  embedding_multiplier=1.0, residual_multiplier=1.0, attention_multiplier=0.25,
+                                  logits_scaling=1.0),  # plain scales, as for Granite Vision
+            "vision_config": shrink(m.VisionConfig, model_type="siglip_vision_model", image_size=56, patch_size=14,
+                                    hidden_size=64, intermediate_size=64),
+            "image_token_index": ids["<image>"], "vision_feature_select_strategy": "full",
+            "image_grid_pinpoints": [[56, 56], [56, 112], [112, 56]], "downsample_rate": "1/2",
+            "deepstack_layer_map": [[-1, 1]], "use_spatial_sampling": True, "spatial_target_layers": [0],
+            "vocab_size": vocab, "eos_token_id": [ids["<|im_end|>"]]}
+
+
+_add("granite4_vision", Recipe(
+    specials=_LLAVA_NEXT.specials, eos="<|im_end|>", template=LLAVA_TEMPLATE, config=_granite4_vision,
+    files={"preprocessor_config.json": RECIPES["granite_vision"].files["preprocessor_config.json"],
+           "processor_config.json": {**RECIPES["granite_vision"].files["processor_config.json"],
+                                     "downsample_rate": "1/2"}}))
+
+
+# ---- ERNIE 4.5 VL: a DFN-RoPE tower (Qwen-like patches of 14, merged 2x2), a resampler, an ERNIE 4.5 MoE text
+# model with 3-D RoPE; its tokenizer is a SentencePiece model (tokenizer.model), trained here on the same corpus.
+
+ERNIE_SPECIALS = ["<|IMAGE_START|>", "<|IMAGE_END|>", "<|IMAGE_PLACEHOLDER|>", "<|image@placeholder|>",
+                  "<|begin_of_sentence|>", "<|end_of_sentence|>", "<mask:1>", "<mask:7>"]
+# mlx-vlm hands ERNIE its images as image_url parts
+ERNIE_TEMPLATE = _turns("{{ message['role'].capitalize() + ': ' }}",
+                        "<|IMAGE_START|><|image@placeholder|><|IMAGE_END|>", "\\n", "Assistant: ").replace(
+    "part['type'] == 'image'", "part['type'] in ('image', 'image_url')")
+
+
+def _ernie_tokenizer(target, recipe):
+    import io
+
+    import sentencepiece as spm
+    from vision_fixture import CORPUS
+
+    from mlx_vlm.models.ernie4_5_moe_vl.processing_ernie4_5_moe_vl import Ernie4_5_VLTokenizer
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(CORPUS * 4), model_writer=model, vocab_size=400,
+                                   model_type="bpe", byte_fallback=True, user_defined_symbols=ERNIE_SPECIALS,
+                                   unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "tokenizer.model").write_bytes(model.getvalue())
+    (target / "tokenizer_config.json").write_text(json.dumps({"chat_template": recipe.template}))
+    return Ernie4_5_VLTokenizer(str(target / "tokenizer.model"), chat_template=recipe.template)
+
+
+def _ernie(m, ids, vocab):
+    text = shrink(m.TextConfig, vocab_size=vocab, head_dim=None, moe_num_experts=4, moe_layer_start_index=1,
+                  moe_layer_end_index=1, moe_k=2, moe_intermediate_size=WIDTH, mrope_section=[3, 3, 2],
+                  freq_allocation=2)
+    text.pop("head_dim")
+    patch = ids["<|IMAGE_PLACEHOLDER|>"]
+    return {**text, "model_type": "ernie4_5_moe_vl",
+            "vision_config": shrink(m.VisionConfig, depth=1, embed_dim=WIDTH, num_heads=2, mlp_ratio=2.0),
+            "pixel_hidden_size": WIDTH, "im_patch_id": patch, "image_token_id": patch, "video_token_id": patch,
+            "image_start_token_id": ids["<|IMAGE_START|>"], "image_end_token_id": ids["<|IMAGE_END|>"],
+            "vocab_size": vocab, "eos_token_id": [ids["</s>"]]}
+
+
+_add("ernie4_5_moe_vl", Recipe(specials=ERNIE_SPECIALS + ["</s>"], eos="</s>", template=ERNIE_TEMPLATE,
+                               config=_ernie, tokenizer=_ernie_tokenizer))
+
+
+# ---- PLaMo 2 VL: SigLIP tiles (no downsampling here: a tile's patches are its <plamo:image> tokens), a PLaMo 2
+# hybrid (Mamba and attention) text model. Its processor writes the prompt itself (a fixed Japanese instruction
+# template, the images' tokens first) and its tokenizer reads tokenizer.jsonl: rows [piece, score, kind], byte
+# pieces for what no piece covers. The one written here holds the corpus's characters and words.
+
+PLAMO_SPECIALS = ["<|plamo:unk|>", "<|plamo:bos|>", "<|plamo:eos|>", "<|plamo:pad|>", "<plamo:image>",
+                  "<siglip2:img>", "</siglip2:img>"]
+_PLAMO_TILE, _PLAMO_PATCH = 28, 14
+
+
+def _plamo_tokenizer(target, recipe):
+    from vision_fixture import CORPUS
+
+    from mlx_vlm.models.plamo2vl.processing import Plamo2Tokenizer
+
+    rows = [[t, 0.0, "CONTROL"] for t in PLAMO_SPECIALS] + [[f"<0x{b:02X}>", 0.0, "BYTE"] for b in range(256)]
+    words = sorted({p for line in CORPUS for w in line.split() for p in (w, " " + w)} | set("".join(CORPUS)))
+    rows += [[w, -1.0, "NORMAL"] for w in words]  # each piece costs the same: the fewest pieces win
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "tokenizer.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    (target / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|plamo:eos|>", "bos_token": "<|plamo:bos|>", "pad_token": "<|plamo:pad|>",
+         "unk_token": "<|plamo:unk|>", "additional_special_tokens": PLAMO_SPECIALS[4:]}))
+    return Plamo2Tokenizer.from_pretrained(target)
+
+
+def _plamo2vl(m, ids, vocab):
+    return {"model_type": "plamo2vl",
+            "text_config": shrink(m.TextConfig, model_type="plamo2", vocab_size=vocab, hidden_size_per_head=16,
+                                  mamba_d_state=8, mamba_num_heads=2, mamba_step=2, mamba_chunk_size=16,
+                                  attention_window_size=4096),
+            "vision_config": shrink(m.VisionConfig, image_size=_PLAMO_TILE, patch_size=_PLAMO_PATCH,
+                                    image_token_id=ids["<plamo:image>"], image_feature_size=WIDTH,
+                                    image_proj_hidden_size=WIDTH),
+            "image_token_index": ids["<plamo:image>"], "eos_token_id": [ids["<|plamo:eos|>"]]}
+
+
+_add("plamo2vl", Recipe(
+    specials=PLAMO_SPECIALS, eos="<|plamo:eos|>", template=None, config=_plamo2vl, tokenizer=_plamo_tokenizer,
+    files={"preprocessor_config.json": {
+        "image_processor_type": "SiglipImageProcessor", "size": {"height": _PLAMO_TILE, "width": _PLAMO_TILE},
+        "do_resize": True, "do_rescale": True, "do_normalize": True, "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
+        "patch_size": _PLAMO_PATCH, "max_image_width": 2 * _PLAMO_TILE, "max_image_height": 2 * _PLAMO_TILE,
+        "downsample_ratio": 1.0, "tile_context_length": 64}}))

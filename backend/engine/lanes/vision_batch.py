@@ -140,7 +140,10 @@ class VisionBatch(TextBatch):
             kwargs["inputs_embeds"] = p.embeds[:, start - p.embeds_from:end - p.embeds_from]
             kwargs.update(p.features)
         if p.positions is not None:
-            kwargs["position_ids"] = p.positions[..., start:end]
+            # Qwen-VL's positions are (3, 1, length); ERNIE 4.5 VL's (1, length, 3): the prompt's axis
+            # is the last unless the first is the batch of one.
+            seq = (slice(None), slice(start, end)) if p.positions.shape[0] == 1 else (..., slice(start, end))
+            kwargs["position_ids"] = p.positions[seq]
         out = run_layers(lm, mx.array([p.prompt[start:end]]), p.cache, **kwargs)
         p.at = end
         if end < n:
