@@ -38,19 +38,6 @@ def _own_prompt_cache(self, env=None, *args, **kwargs):
 
 Backend.__init__ = _own_prompt_cache
 
-# How long a test waits for a server to answer Health: a liveness bound, not a speed. Four test
-# runs at once on two cores took a start past the launcher's 60 s (30-70 s to Health here),
-# failing tests that were not about starting at all; polling, a start that is quick ends the wait.
-START_S = 300.0
-_wait_healthy = Backend.wait_healthy
-
-
-def _patient_wait_healthy(self, timeout: float = START_S) -> None:
-    _wait_healthy(self, timeout)
-
-
-Backend.wait_healthy = _patient_wait_healthy
-
 # Every run draws the same examples (a red run can be replayed as it was), and no example is
 # judged by wall time: this machine is shared, a slow example is not a failing one.
 settings.register_profile("suite", derandomize=True, deadline=None, database=None, print_blob=True,
