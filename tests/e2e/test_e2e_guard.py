@@ -15,8 +15,8 @@ import time
 import grpc
 import pytest
 
-from common.launcher import BACKEND_DIR, Backend, backend_pb2, backend_pb2_grpc, chat, free_port
-from conftest import START_S
+from common.launcher import (BACKEND_DIR, START_S, Backend, backend_pb2, backend_pb2_grpc, chat,
+                             free_port)
 
 pytestmark = pytest.mark.e2e
 
