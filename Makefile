@@ -36,8 +36,9 @@ unit: install-test
 e2e: install-test
 	$(PYTEST) -q tests -m e2e
 
+# The slowest tests are named at the end: the suite is kept under 30 minutes on 2 cores.
 test: install-test
-	$(PYTEST) -q tests
+	$(PYTEST) -q tests --durations=25
 	$(PY) backend/test.py
 
 # The family matrices (every model_type mlx-lm and mlx-vlm ship, tiny, against the libraries'
