@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
+from engine import device_setup
 from engine.config import EngineConfig
 from engine.forward_queue import ForwardQueue
 from engine.health import Pulse
@@ -190,6 +191,8 @@ class Engine:
             import mlx.core as mx
 
             self._mx = mx
+            self._device = device_setup.apply(mx)  # the wired limit on Metal, as mlx_lm.server sets it
+            # The default stream, as mlx_lm.server's one generation thread uses (device_setup.py).
             self._stream = mx.default_stream(mx.default_device())
             self._streams.mx, self._streams.stream = mx, self._stream
             self._forward.mx_stream = self._stream
@@ -373,6 +376,7 @@ class Engine:
         if config is not None:
             self.config = config
         self.model = model
+        device_setup.check_model(model, self._device)
         self._streams.serve(model, self.config)
         # The model's objects live as long as it does: frozen, a full collection skips them and
         # walks only what requests create. Unfrozen, each walked ~460k objects (SmolLM2 with its
