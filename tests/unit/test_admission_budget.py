@@ -1,0 +1,93 @@
+"""Admission by memory with a bounded step (admission.py): more requests than the old fixed 8
+run side by side when the KV budget allows, and a step's prefill stays within its token budget
+(new long prompts wait, in order, for room). The decision alone on plain slots; then the real
+engine and model in-process, with the step only watched (how many run, how many prefill)."""
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from common.launcher import backend_pb2 as pb
+from engine import Engine, EngineConfig, streams
+from engine.admission import Admission
+from loaders import model_loader
+import prepare
+
+
+def slot(prompt_tokens: int, cached: int = 0, first: bool = False):
+    return SimpleNamespace(request=SimpleNamespace(prompt=[1] * prompt_tokens), cached=cached,
+                           t_first=1.0 if first else 0.0)
+
+
+def test_a_first_chunk_fits_next_to_the_chunks_still_prefilling():
+    fits = Admission.prefill_fits
+    assert fits(slot(5000), [], 128, 256)  # nothing prefills: it runs, whatever its size
+    assert fits(slot(5000), [slot(900, first=True)] * 40, 128, 256)  # decoding ones cost no prefill
+    assert fits(slot(400), [slot(400)], 128, 256)  # 128 + 128
+    assert not fits(slot(400), [slot(400), slot(30)], 128, 256)  # 128 + 30 + 128
+    assert fits(slot(90), [slot(400), slot(30)], 128, 256)  # 128 + 30 + 90
+    assert fits(slot(400), [slot(400, cached=380)], 128, 256)  # only its uncached 20 are prefilled
+
+
+@pytest.fixture(scope="module")
+def model():
+    return model_loader.load(model_loader.LoadSpec(model=""))
+
+
+def run_together(model, config, prompts, tokens, monkeypatch):
+    """Every prompt at once through a fresh engine; ([token counts], most running at a step,
+    most prefilling at a step, [uncached tokens of those prefilling] at each step)."""
+    seen = {"running": 0, "prefilling": 0, "chunks": []}
+    step = streams.Streams.step
+
+    def watched(self):
+        prefilling = [s for s in self.slots.values() if not s.t_first]
+        seen["running"] = max(seen["running"], len(self.slots))
+        seen["prefilling"] = max(seen["prefilling"], len(prefilling))
+        seen["chunks"].append([len(s.request.prompt) - s.cached for s in prefilling])
+        return step(self)
+
+    monkeypatch.setattr(streams.Streams, "step", watched)
+    engine = Engine(config)
+    try:
+        engine.swap(model).result(60)
+
+        async def one(prompt):
+            request = prepare.build_request(model, pb.PredictOptions(Prompt=prompt, Tokens=tokens, IgnoreEOS=True))
+            last = None
+            async for ev in engine.stream(request):
+                last = ev
+            return last.tokens
+
+        async def main():
+            return await asyncio.gather(*(one(p) for p in prompts))
+
+        counts = asyncio.run(main())
+    finally:
+        engine.stop()
+    return counts, seen["running"], seen["prefilling"], seen["chunks"]
+
+
+def test_more_than_eight_run_side_by_side_by_default(model, monkeypatch):
+    prompts = [f"Request {i}: name a colour." for i in range(12)]
+    counts, running, _, _ = run_together(model, EngineConfig(), prompts, 4, monkeypatch)
+    assert counts == [4] * 12
+    assert running == 12  # the old default (max_sequences 8) ran 8 and queued 4
+
+
+def test_max_sequences_is_still_an_upper_bound(model, monkeypatch):
+    prompts = [f"Request {i}: name a colour." for i in range(6)]
+    counts, running, _, _ = run_together(model, EngineConfig(max_sequences=3), prompts, 4, monkeypatch)
+    assert counts == [4] * 6 and running == 3
+
+
+def test_long_prompts_wait_for_room_in_a_steps_prefill(model, monkeypatch):
+    """Three ~300-token prompts with chunks of 128 and 256 prompt tokens a step: two prefill
+    together, the third waits until one of them decodes; all three complete."""
+    prompts = [f"Document {i}. " + " ".join(f"line {j} of text number {i}." for j in range(50)) for i in range(3)]
+    config = EngineConfig(prefill_step_size=128, prefill_step_tokens=256)
+    counts, running, prefilling, chunks = run_together(model, config, prompts, 3, monkeypatch)
+    assert counts == [3, 3, 3]
+    assert prefilling == 2 and running == 3  # the third ran, once there was room
+    assert all(sum(min(c, 128) for c in step) <= 256 for step in chunks)
