@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 from engine.lanes.batch import Batch
 
-# The CPU's bound of one step's prefill, all new requests together: two chunks of 128, ~2 s
-# here at 100-170 prefill tok/s, so running streams keep a pace of a few tokens a second
-# while a document is prefilled; measured on the peers' trace (docs/benchmarks.md).
-CPU_STEP_TOKENS = 256
+# On the CPU a step prefills at most one chunk, all new requests together: ~1 s here at
+# 100-170 prefill tok/s, the stall the docs promise running streams. Two chunks (256) were
+# tried first: on the peers' trace every step then carried ~2 s of prefill (6 s on a loaded
+# machine) and running streams fell to a token every few seconds (docs/benchmarks.md).
+CPU_STEP_CHUNKS = 1
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ def prefill_sizes(config, mx) -> PrefillSizes:
     BatchGenerator), with a chunk of 512 rather than its 2048."""
     cpu = mx.default_device() == mx.cpu
     step = config.prefill_step_size or (128 if cpu else 512)
-    budget = config.prefill_step_tokens or (CPU_STEP_TOKENS if cpu else step * config.prefill_batch_size)
+    budget = config.prefill_step_tokens or step * (CPU_STEP_CHUNKS if cpu else config.prefill_batch_size)
     return PrefillSizes(step, budget)
 
 

@@ -11,6 +11,7 @@ import pytest
 from common.launcher import backend_pb2 as pb
 from engine import Engine, EngineConfig, streams
 from engine.admission import Admission
+from engine.batch_factory import PrefillSizes, prefill_sizes
 from loaders import model_loader
 import prepare
 
@@ -28,6 +29,18 @@ def test_a_first_chunk_fits_next_to_the_chunks_still_prefilling():
     assert not fits(slot(400), [slot(400), slot(30)], 128, 256)  # 128 + 30 + 128
     assert fits(slot(90), [slot(400), slot(30)], 128, 256)  # 128 + 30 + 90
     assert fits(slot(400), [slot(400, cached=380)], 128, 256)  # only its uncached 20 are prefilled
+
+
+def test_the_step_budget_by_device():
+    """One chunk a step on the CPU (this machine's device, asked for real); on a GPU the
+    library's own bound, prefill_batch_size chunks; a set option wins on both."""
+    import mlx.core as mx
+
+    if mx.default_device() == mx.cpu:
+        assert prefill_sizes(EngineConfig(), mx) == PrefillSizes(128, 128)
+    gpu = SimpleNamespace(cpu="cpu", default_device=lambda: "gpu")
+    assert prefill_sizes(EngineConfig(), gpu) == PrefillSizes(512, 512 * 8)
+    assert prefill_sizes(EngineConfig(prefill_step_size=64, prefill_step_tokens=300), gpu) == PrefillSizes(64, 300)
 
 
 @pytest.fixture(scope="module")
