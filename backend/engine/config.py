@@ -16,9 +16,9 @@ def _default_prompt_cache_bytes() -> int:
 @dataclass
 class EngineConfig:
     """How the engine serves a model: built from the load options (load_options), checked there."""
-    # An upper bound a user may set: what binds is the KV budget (admission.py); 64 is twice the
-    # library's own server (mlx_lm.server admits 32) and past where decode stops gaining on the
-    # CPU (docs/benchmarks.md, "Admission by memory").
+    # An upper bound a user may set; below it the KV budget decides (admission.py). 64 is twice
+    # what the library's own server decodes at once (mlx_lm.server: 32), so a trace of 32 never
+    # queues for a place (docs/benchmarks.md, "Admission by memory").
     max_sequences: int = 64
     prefill_step_size: int = 0  # 0: 128 on the CPU (~1.5 s a chunk here), 512 on a GPU
     prefill_batch_size: int = 8
