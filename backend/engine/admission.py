@@ -62,13 +62,16 @@ class Admission:
         return None
 
     @staticmethod
-    def prefill_fits(slot, running, step_size: int, step_tokens: int) -> bool:
-        """Whether its first prefill chunk fits one step's prefill budget (`step_tokens`) next to
-        the chunks of the running requests still prefilling (always, when none is: it then
-        runs alone whatever its size). Its prompt counts whole: what the prefix cache serves is
-        only known once it is admitted."""
-        pending = [min(len(s.request.prompt) - s.cached, step_size) for s in running if not s.t_first]
-        return not pending or sum(pending) + min(len(slot.request.prompt), step_size) <= step_tokens
+    def prefill_fits(slot, running, sizes) -> bool:
+        """Whether its first prefill chunk fits one step's prefill budget next to the chunks of
+        the running requests still prefilling (always, when none is: it then runs alone
+        whatever its size). The budget is sizes.step_tokens while some stream decodes (its pace
+        is what the bound keeps), sizes.idle_tokens while none does (a burst arriving together
+        is prefilled together, as the library's batch_generate prefills it). Its prompt counts
+        whole: what the prefix cache serves is only known once it is admitted."""
+        pending = [min(len(s.request.prompt) - s.cached, sizes.step_size) for s in running if not s.t_first]
+        budget = sizes.step_tokens if len(pending) < len(running) else sizes.idle_tokens
+        return not pending or sum(pending) + min(len(slot.request.prompt), sizes.step_size) <= budget
 
     def fits(self, slot, running) -> bool:
         """Whether its KV reservation fits next to the running requests' (always, with no budget)."""

@@ -21,7 +21,8 @@ CPU_STEP_CHUNKS = 1
 @dataclass(frozen=True)
 class PrefillSizes:
     step_size: int  # prompt tokens of one request per chunk (the batch generator's prefill_step_size)
-    step_tokens: int  # prompt tokens of all new requests in one step (admission keeps to it)
+    step_tokens: int  # prompt tokens of all new requests in one step while streams decode (admission keeps to it)
+    idle_tokens: int  # the same while none decodes: the library's own bound, prefill_batch_size chunks
 
 
 def prefill_sizes(config, mx) -> PrefillSizes:
@@ -34,7 +35,7 @@ def prefill_sizes(config, mx) -> PrefillSizes:
     cpu = mx.default_device() == mx.cpu
     step = config.prefill_step_size or (128 if cpu else 512)
     budget = config.prefill_step_tokens or step * (CPU_STEP_CHUNKS if cpu else config.prefill_batch_size)
-    return PrefillSizes(step, budget)
+    return PrefillSizes(step, budget, max(budget, step * config.prefill_batch_size))
 
 
 def open_batch(lm, config, stream, mx, disk_bytes: int, speculate: bool) -> Batch:

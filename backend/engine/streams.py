@@ -125,7 +125,7 @@ class Streams:
             slot = self.waiting[0]  # stays in the queue, where a failure still finds it, until placed
             if not self.admission.fits(slot, self.slots.values()):  # it waits (in order) for running ones to end
                 break
-            if not self.admission.prefill_fits(slot, self.slots.values(), sizes.step_size, sizes.step_tokens):
+            if not self.admission.prefill_fits(slot, self.slots.values(), sizes):
                 break  # it waits (in order) for a step's prefill to have room
             req = slot.request
             slot.t_admit = time.perf_counter()

@@ -22,13 +22,22 @@ def slot(prompt_tokens: int, cached: int = 0, first: bool = False):
 
 
 def test_a_first_chunk_fits_next_to_the_chunks_still_prefilling():
-    fits = Admission.prefill_fits
-    assert fits(slot(5000), [], 128, 256)  # nothing prefills: it runs, whatever its size
-    assert fits(slot(5000), [slot(900, first=True)] * 40, 128, 256)  # decoding ones cost no prefill
-    assert fits(slot(400), [slot(400)], 128, 256)  # 128 + 128
-    assert not fits(slot(400), [slot(400), slot(30)], 128, 256)  # 128 + 30 + 128
-    assert fits(slot(90), [slot(400), slot(30)], 128, 256)  # 128 + 30 + 90
-    assert fits(slot(400), [slot(400, cached=380)], 128, 256)  # only its uncached 20 are prefilled
+    sizes = PrefillSizes(step_size=128, step_tokens=256, idle_tokens=1024)
+
+    def fits(new, running):
+        return Admission.prefill_fits(new, running, sizes)
+
+    decoding = slot(900, first=True)
+    assert fits(slot(5000), [])  # nothing prefills: it runs, whatever its size
+    assert fits(slot(5000), [decoding] * 40)  # decoding ones cost no prefill
+    assert fits(slot(400), [slot(400), decoding])  # 128 + 128
+    assert not fits(slot(400), [slot(400), slot(30), decoding])  # 128 + 30 + 128
+    assert fits(slot(90), [slot(400), slot(30), decoding])  # 128 + 30 + 90
+    assert fits(slot(400), [slot(400, cached=380), decoding])  # only its uncached 20 are prefilled
+    # None decodes: a burst is prefilled together, up to the library's bound (8 chunks here).
+    assert fits(slot(400), [slot(400), slot(30)])  # 128 + 30 + 128
+    assert fits(slot(30), [slot(25)] * 7)  # 8 short prompts of a burst: 205 tokens
+    assert not fits(slot(400), [slot(400)] * 8)  # 1024 + 128
 
 
 def test_the_step_budget_by_device():
@@ -37,10 +46,10 @@ def test_the_step_budget_by_device():
     import mlx.core as mx
 
     if mx.default_device() == mx.cpu:
-        assert prefill_sizes(EngineConfig(), mx) == PrefillSizes(128, 128)
+        assert prefill_sizes(EngineConfig(), mx) == PrefillSizes(128, 128, 128 * 8)
     gpu = SimpleNamespace(cpu="cpu", default_device=lambda: "gpu")
-    assert prefill_sizes(EngineConfig(), gpu) == PrefillSizes(512, 512 * 8)
-    assert prefill_sizes(EngineConfig(prefill_step_size=64, prefill_step_tokens=300), gpu) == PrefillSizes(64, 300)
+    assert prefill_sizes(EngineConfig(), gpu) == PrefillSizes(512, 512 * 8, 512 * 8)
+    assert prefill_sizes(EngineConfig(prefill_step_size=64, prefill_step_tokens=300), gpu) == PrefillSizes(64, 300, 512)
 
 
 @pytest.fixture(scope="module")
@@ -96,10 +105,11 @@ def test_max_sequences_is_still_an_upper_bound(model, monkeypatch):
 
 
 def test_long_prompts_wait_for_room_in_a_steps_prefill(model, monkeypatch):
-    """Three ~300-token prompts with chunks of 128 and 256 prompt tokens a step: two prefill
-    together, the third waits until one of them decodes; all three complete."""
+    """Three ~300-token prompts with chunks of 128 and 256 prompt tokens a step (two prompts
+    prefilled together at most, so an idle engine's bound is 256 too): two prefill together,
+    the third waits until one of them decodes; all three complete."""
     prompts = [f"Document {i}. " + " ".join(f"line {j} of text number {i}." for j in range(50)) for i in range(3)]
-    config = EngineConfig(prefill_step_size=128, prefill_step_tokens=256)
+    config = EngineConfig(prefill_step_size=128, prefill_step_tokens=256, prefill_batch_size=2)
     counts, running, prefilling, chunks = run_together(model, config, prompts, 3, monkeypatch)
     assert counts == [3, 3, 3]
     assert prefilling == 2 and running == 3  # the third ran, once there was room
