@@ -34,10 +34,10 @@ unit: install-test
 	$(PYTEST) -q tests -m "not e2e"
 
 e2e: install-test
-	$(PYTEST) -q tests -m "e2e and not zoo"
+	$(PYTEST) -q tests -m e2e
 
 test: install-test
-	$(PYTEST) -q tests -m "not zoo"
+	$(PYTEST) -q tests
 	$(PY) backend/test.py
 
 # The family matrices (every model_type mlx-lm and mlx-vlm ship, tiny, against the libraries'

@@ -18,7 +18,25 @@ sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
 from common.openblas import maybe_reexec_with_openblas  # noqa: E402
 
+
+def standard_fds_open() -> None:
+    """A host may start us with stdin (or stdout, stderr) closed, as LocalAI's tests of a
+    backend folder do: the next descriptor opened would take that number (gRPC's poller's
+    among them), and whatever then treats it as stdin, or replaces it, takes it from under
+    its owner (once, here: gRPC aborted, "epoll_wait error: Bad file descriptor"). /dev/null
+    takes every one of the three that is closed, before anything else is opened."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: `fd` itself
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+
+
 if __name__ == "__main__":
+    standard_fds_open()
     maybe_reexec_with_openblas()
 
 import grpc  # noqa: E402

@@ -25,6 +25,9 @@ import backend_pb2_grpc  # noqa: E402
 
 
 EXIT_CANNOT_LISTEN = 98  # backend.py's exit code when its --addr cannot be bound
+# How long to wait for a started backend to answer Health: a liveness bound, not a speed (a loaded
+# 2-core machine took 30-70 s from spawn to Health); a quick start or an exit ends the wait at once.
+START_S = 300.0
 _reserved = []  # lock files of the ports this process handed out, held until it exits
 
 
@@ -96,7 +99,7 @@ class Backend:
         self.stub = backend_pb2_grpc.BackendStub(channel)
         self.raw_stub = backend_pb2_grpc.BackendStub(self.channel)  # sends no credentials
 
-    def wait_healthy(self, timeout: float = 60.0) -> None:
+    def wait_healthy(self, timeout: float = START_S) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

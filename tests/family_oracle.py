@@ -117,10 +117,12 @@ class OracleStream:
     """One oracle process for many jobs, each answer read as soon as it is computed (the caller
     serves job i while the oracle computes job i+1). A job whose generation fails answers
     {"error": ...}; a job that crashes the process answers {"error": ...} with the signal, and
-    a new process takes the jobs after it."""
+    a new process takes the jobs after it. `script`: the oracle program (vision_oracle.py's
+    too reads jobs on stdin and, with --lines, writes an answer a line)."""
 
-    def __init__(self, jobs):
+    def __init__(self, jobs, script: str = __file__):
         self.jobs = list(jobs)
+        self.script = script
         self.answers = []
         self._start()
 
@@ -132,7 +134,7 @@ class OracleStream:
 
         self.offset = len(self.answers)
         self.stderr = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen([sys.executable, __file__, "--lines"], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, self.script, "--lines"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.stderr, text=True,
                                      env=server_blas_env())
         self.lines = queue.Queue()

@@ -8,7 +8,8 @@ kind of work through, `streams` a stream's way from arrival to its last event,
 jobs as the other kind of work, `batch_factory` which lane serves a model and
 its wrappers, `lane_choice` and `lane_probe` how that lane is chosen at load
 (the cache classes, then short requests through each lane), `hooks` what a variant (lockstep)
-changes, `config` and `health` its settings and what Health reads, `faults`
+changes, `config` and `health` its settings and what Health reads, `device_setup`
+the device calls mlx-lm's server makes (the wired limit on Metal), `faults`
 test-only fault injection. Beneath it, by concern, each with its own map:
   lanes/        the batches that generate (text, vision) and the solo lane behind one
                 Batch interface, per-request sampling, grammar and logprobs

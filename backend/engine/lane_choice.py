@@ -6,16 +6,21 @@ gives. The solo lane (lanes/solo.py, lanes/solo_vision.py) runs one request at a
 through the library's own generation step: the library's text by construction, and the
 reference the batch is checked against. Decided from what the model does, never its name:
 
-- a cache class mlx-lm's batch cannot merge (loaders/cache_kinds.py): solo;
+- a cache class mlx-lm's batch cannot merge (loaders/cache_kinds.py), or a vision model whose
+  embedding step the vision batch does not reproduce (loaders/vision_model.py batch_obstacle): solo;
 - else `decide` (on the loading thread, while the previous model keeps serving): three short
   greedy requests of different lengths run through the solo lane, one at a time, then
   through the batch, two prefilled together (the shorter one padded) and one joining them
   while they decode (lane_probe.py). The batch is kept when every request gives the solo
   lane's tokens, compared up to the first step whose top-2 margin is under MARGIN (there
-  float rounding alone may pick the other token). If it raises or differs, the batch is tried
-  once more with each prompt prefilled alone and merged only to decode, so no padding reaches
-  a recurrent state (mamba, jamba); a model with a recurrent state (an ArraysCache layer) is
-  never batched padded, checked prefilled alone from the start; if that differs too, solo;
+  float rounding alone may pick the other token), and their log-probabilities within what
+  rounding moves them by (loaders/rounding.py): a few probe tokens can agree while the batch
+  computes something else (afm7's shared-KV layers place their queries by the padded cache's
+  length, not the row's position: the same 3 tokens, log-probabilities 0.3 apart, other text
+  later). If it raises or differs, the batch is tried once more with each prompt prefilled
+  alone and merged only to decode, so no padding reaches a recurrent state (mamba, jamba); a
+  model with a recurrent state (an ArraysCache layer) is never batched padded, checked
+  prefilled alone from the start; if that differs too, solo;
 - then `trial` (on the engine thread, where requests run): one request through the chosen
   lane; a batch that fails it gives way to solo; a model failing in the solo lane too is refused.
 
@@ -30,7 +35,7 @@ import logging
 from typing import Callable, List, Optional
 
 from engine import lane_probe, lane_verdicts
-from loaders import cache_kinds
+from loaders import cache_kinds, rounding
 from loaders.loaded import Lane, ModelLoadError, materialize
 
 log = logging.getLogger("mlx-backend.engine")
@@ -51,31 +56,42 @@ def lane_figures(lm) -> dict:
 def decide(lm, config, probes: Callable[[], List], forced: str = "auto") -> None:
     """Set lm.lane (loading thread): by the load option `forced` (batch, solo), else from the
     model's caches and the check. `probes()` gives fresh probe requests for a run. Raises
-    ModelLoadError when the library's own step fails, or when lane:batch cannot merge the caches."""
-    unmergeable = cache_kinds.unmergeable(lm.model)
+    ModelLoadError when the library's own step fails, or when lane:batch cannot serve the model."""
+    obstacle = _batch_obstacle(lm)
     if forced == "solo":
         lm.lane = Lane(solo=True, reason="load option lane:solo")
     elif forced == "batch":
-        if unmergeable:
-            raise ModelLoadError(f"lane:batch cannot serve this model: its {unmergeable} cache cannot be merged "
-                                 f"into mlx-lm's batch (leave lane unset for the solo lane)")
+        if obstacle:
+            raise ModelLoadError(f"lane:batch cannot serve this model: {obstacle} "
+                                 f"(leave lane unset for the solo lane)")
         lm.lane = Lane(reason="load option lane:batch")
     else:
         kept = lane_verdicts.read(lm, config)
         if kept is not None:
             lm.lane = Lane(kept.solo, kept.prefill_alone, f"{kept.reason}; found by the check at an earlier load")
         else:
-            lm.lane = _checked(lm, config, probes, unmergeable)
+            lm.lane = _checked(lm, config, probes, obstacle)
             if lm.lane.reason != UNCHECKED:
                 lane_verdicts.write(lm, config, lm.lane)
     log.info("lane: %s (%s; caches: %s)", lm.lane.name, lm.lane.reason, ", ".join(cache_kinds.of(lm.model)))
 
 
-def _checked(lm, config, probes: Callable[[], List], unmergeable: Optional[str]) -> Lane:
+def _batch_obstacle(lm) -> Optional[str]:
+    """Why no batch can serve this model, known before any check (None: the check decides): a
+    cache class mlx-lm's batch cannot merge, or what a vision model's embedding step does with
+    a test image at load that the vision batch does not reproduce (loaders/vision_model.py)."""
+    unmergeable = cache_kinds.unmergeable(lm.model)
+    if unmergeable:
+        return f"its {unmergeable} cache cannot be merged into mlx-lm's batch"
+    obstacle = lm.vision.batch_obstacle if lm.vision is not None else None
+    return f"the vision batch cannot serve it: {obstacle}" if obstacle else None
+
+
+def _checked(lm, config, probes: Callable[[], List], obstacle: Optional[str]) -> Lane:
     import mlx.core as mx
 
-    if unmergeable:  # the trial shows the solo lane generates
-        return Lane(solo=True, reason=f"its {unmergeable} cache cannot be merged into mlx-lm's batch")
+    if obstacle:  # the trial shows the solo lane generates
+        return Lane(solo=True, reason=obstacle)
     stream = mx.default_stream(mx.default_device())
 
     def outcomes(lane: Lane, requests: Optional[List] = None, together: int = lane_probe.TOGETHER):
@@ -84,7 +100,9 @@ def _checked(lm, config, probes: Callable[[], List], unmergeable: Optional[str])
 
     def batched(lane: Lane) -> Optional[str]:
         """How the lane differs from the reference: two arriving together, the third joining them."""
-        return differs(reference, outcomes(lane))
+        return differs(reference, outcomes(lane), allowed)
+
+    allowed = rounding.allowed(lm.model)
 
     first = probes()
     if not first:  # none could be prepared for this model (a context shorter than they are)
@@ -112,8 +130,10 @@ def _checked(lm, config, probes: Callable[[], List], unmergeable: Optional[str])
         materialize(lm.vision.vlm if lm.vision is not None else lm.model)
 
 
-def differs(reference: List[lane_probe.Outcome], got: List[lane_probe.Outcome]) -> Optional[str]:
-    """How `got` differs from the reference run of the same requests (None: it does not)."""
+def differs(reference: List[lane_probe.Outcome], got: List[lane_probe.Outcome],
+            allowed: float = MARGIN) -> Optional[str]:
+    """How `got` differs from the reference run of the same requests (None: it does not): another
+    token, or a log-probability further than `allowed` from the reference's."""
     for name, ref, out in zip(_NAMES, reference, got):
         if out.error:
             return f"fails request {name} ({out.error})"
@@ -122,6 +142,10 @@ def differs(reference: List[lane_probe.Outcome], got: List[lane_probe.Outcome]) 
                 break
             if i >= len(out.tokens) or out.tokens[i] != token:
                 return f"gives other tokens than the single stream (request {name}, token {i + 1})"
+            moved = abs(out.logprobs[i] - ref.logprobs[i])
+            if moved > allowed:
+                return (f"gives other log-probabilities than the single stream (request {name}, token {i + 1}: "
+                        f"{moved:.3g} apart, rounding allows {allowed:.3g})")
         else:
             if out.tokens[len(ref.tokens):] or out.finish != ref.finish:
                 return f"ends request {name} otherwise than the single stream"

@@ -33,6 +33,12 @@ def install(model, spec: Optional[KVSpec]) -> None:
     _install(model, spec)
 
 
+def plain_cache(model) -> list:
+    """A cache of the model's own float form, whatever KV cache type `install` gave it."""
+    own = getattr(model, "make_cache", None)
+    return own.__wrapped__() if hasattr(own, "__wrapped__") else make_prompt_cache(model)
+
+
 def bytes_per_token(model, plain: bool = False) -> int:
     """Bytes the KV cache holds per token, measured by running one token through the model.
 
@@ -41,8 +47,7 @@ def bytes_per_token(model, plain: bool = False) -> int:
     cache): a mismatch fails LoadModel instead of every request. With `plain`,
     the figure of the model's own float cache, for comparison.
     """
-    own = getattr(model, "make_cache", None)
-    cache = own.__wrapped__() if plain and hasattr(own, "__wrapped__") else make_prompt_cache(model)
+    cache = plain_cache(model) if plain else make_prompt_cache(model)
     model(mx.array([[0, 0]]), cache=cache)  # a prompt chunk
     model(mx.array([[0]]), cache=cache)  # and a decode step
     held = [c.keys_and_values() if hasattr(c, "keys_and_values") else c.state for c in cache]

@@ -132,19 +132,51 @@ def materialize(model) -> None:
     """Evaluate every array the model holds, private ones (rope tables) included."""
     import mlx.core as mx
 
-    arrays = []
-
-    def collect(value):
-        if isinstance(value, mx.array):
-            arrays.append(value)
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                collect(v)
-        elif isinstance(value, dict):
-            for v in value.values():
-                collect(v)
-
+    arrays, seen = [], set()
     for module in model.modules():
-        collect(dict(module))
-        collect(list(vars(module).values()))
+        _collect(dict(module), arrays, seen)
+        _collect(list(vars(module).values()), arrays, seen)
     mx.eval(arrays)
+
+
+def evaluate(value) -> None:
+    """Evaluate every array in `value` (nested lists, dicts, the libraries' output objects) on this
+    thread. A graph built on the loading thread only to be looked at (its shapes) must still be
+    computed there: the libraries cache some of its arrays across calls (mlx-vlm's interpolation
+    tables, in module-level lru_caches keyed by sizes), and such an array left lazy fails on the
+    engine thread, the first time a request of the same size uses it ("There is no Stream(cpu, N)
+    in current thread")."""
+    import mlx.core as mx
+
+    arrays = []
+    _collect(value, arrays, set())
+    mx.eval(arrays)
+
+
+def _collect(value, arrays: list, seen: set) -> None:
+    import mlx.core as mx
+
+    if isinstance(value, mx.array):
+        arrays.append(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _collect(v, arrays, seen)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _collect(v, arrays, seen)
+    elif _model_helper(value) and id(value) not in seen:
+        # A plain object of the model's code (Pixtral's and Llama 4's vision rope tables, an
+        # embedding step's outputs): left lazy, its arrays would be computed on the engine thread
+        # from this (loading) thread's stream, which MLX refuses there ("There is no Stream(cpu, 1)").
+        seen.add(id(value))
+        _collect(list(vars(value).values()), arrays, seen)
+
+
+def _model_helper(value) -> bool:
+    """An object of the libraries' model code that is not itself a module (modules are walked
+    by model.modules())."""
+    import mlx.nn as nn
+
+    owner = type(value).__module__.split(".")[0]
+    return owner in ("mlx_lm", "mlx_vlm", "mlx_embeddings") and hasattr(value, "__dict__") \
+        and not isinstance(value, nn.Module)

@@ -98,6 +98,19 @@ class MediaState:
         pass
 
 
+def run_layers(lm, inputs, cache, **kwargs):
+    """`lm` over `cache` (the layers' caches, then the MediaState), in place.
+
+    A language model may put a new cache object in a layer's place (Qwen 3.5 runs a one-row
+    batch as a plain row and merges the result back into the list it was given): it is
+    handed a list of the layers' caches and whatever it put there is written back, or the
+    next step would run on the cache as it was before this one."""
+    layers = cache[:-1]
+    out = lm(inputs, cache=layers, **kwargs)
+    cache[:-1] = layers
+    return out
+
+
 class DecodeModel:
     """The VLM's language model as mlx-lm's BatchGenerator calls it: tokens + cache -> logits."""
 
@@ -117,7 +130,7 @@ class DecodeModel:
 
         if self.mrope:
             kwargs["rope_deltas"] = mx.array(cache[-1].deltas, dtype=mx.int32)[:, None]
-        out = self.lm(inputs, cache=cache[:-1], **kwargs)
+        out = run_layers(self.lm, inputs, cache, **kwargs)
         return getattr(out, "logits", out)
 
     def parameters(self):
@@ -137,6 +150,13 @@ class VisionParts:
     takes_audio: bool = False
     video_block: str = ""  # the text that stands for one video in a raw prompt
     extra: Dict[str, Any] = field(default_factory=dict)  # frame sampling for videos (fps, max_frames)
+    batch_obstacle: Optional[str] = None  # why the vision batch cannot give mlx-vlm's text (see batch_obstacle)
+
+    @property
+    def prompt_type(self) -> str:
+        """The model type mlx-vlm's own generation formats and tokenizes prompts by: its model's
+        config's, which a family wrapping another architecture rewrites (IndicOCR's is Qwen 3.5's)."""
+        return getattr(self.vlm.config, "model_type", None) or self.model_type
 
 
 def _video_options(options, bounds) -> Dict[str, Any]:
@@ -160,27 +180,63 @@ def _image_block(processor, tokenizer) -> str:
     return token
 
 
-def _check_processor(parts: "VisionParts") -> Optional[str]:
-    """Why this family's processor cannot prepare an image here (None: it can).
-
-    Run once at load, the way a request runs it: a family whose processor fails
-    on every image (mlx-vlm 0.7.10's LLaVA processor hands text options to the
-    image processor, which transformers 5 refuses) is refused at LoadModel with
-    that reason, not on every request."""
+def _test_image_inputs(parts: "VisionParts"):
+    """A chat turn with one test image, prepared as a request's is: mlx-vlm's processor's inputs."""
     from PIL import Image
     from mlx_vlm.prompt_utils import apply_chat_template
     from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
 
+    # As mlx-vlm writes the turn (Gemma 3 marks images with its begin-of-image token, not the
+    # image token the processor expands).
+    prompt = apply_chat_template(parts.processor, parts.vlm.config, "?", num_images=1)
+    return prepare_inputs(parts.processor, images=[Image.new("RGB", (64, 64), (128, 128, 128))], prompts=prompt,
+                          image_token_index=getattr(parts.vlm.config, "image_token_index", None),
+                          add_special_tokens=should_add_special_tokens(parts.prompt_type, parts.processor))
+
+
+def _embedded_test_image(parts: "VisionParts"):
+    """(prompt ids, the embedding step's outputs) for a test image, as a request's prefill gets
+    them; ModelLoadError where the library itself fails (mlx-vlm 0.7.10's LLaVA processor hands
+    text options to the image processor, which transformers 5 refuses): refused at load, not
+    on every request."""
+    from loaders.loaded import ModelLoadError, evaluate
+
     try:
-        # A chat turn with one image, as mlx-vlm writes it (Gemma 3 marks images with its
-        # begin-of-image token, not the image token the processor expands).
-        prompt = apply_chat_template(parts.processor, parts.vlm.config, "?", num_images=1)
-        prepare_inputs(parts.processor, images=[Image.new("RGB", (64, 64), (128, 128, 128))],
-                       prompts=prompt,
-                       image_token_index=getattr(parts.vlm.config, "image_token_index", None),
-                       add_special_tokens=should_add_special_tokens(parts.model_type, parts.processor))
+        inputs = _test_image_inputs(parts)
     except Exception as e:
-        return f"{type(e).__name__}: {e}"
+        raise ModelLoadError(f"mlx-vlm's processor for this family fails on a test image: "
+                             f"{type(e).__name__}: {e}") from None
+    ids = inputs["input_ids"]
+    rest = {k: v for k, v in inputs.items() if k not in ("input_ids", "pixel_values", "attention_mask")}
+    try:
+        features = parts.vlm.get_input_embeddings(ids, inputs.get("pixel_values"),
+                                                  mask=inputs.get("attention_mask"), **rest)
+        # Computed here, though only its shapes are read: what the library cached while building
+        # it (LFM2-VL's position-embedding resize tables) must not stay bound to this thread.
+        evaluate(features)
+    except Exception as e:
+        raise ModelLoadError(f"mlx-vlm's embedding step fails on a test image: {type(e).__name__}: {e}") from None
+    return ids, features
+
+
+def batch_obstacle(ids, features) -> Optional[str]:
+    """Why the batch cannot give mlx-vlm's text for this family (None: it can), from a test
+    image's prompt ids and embedding-step outputs. mlx-vlm's own generation step (the solo
+    lane, engine/lane_choice.py) serves such a family; the batch does not:
+    - embeddings longer or shorter than the prompt (mlx-vlm's LLaVA-NeXT puts all of an
+      image's features at the first of the image tokens its processor wrote, and keeps the
+      rest): mlx-vlm prefills the embeddings' positions, the batch places and caches a
+      request by its tokens;
+    - image states the text layers cross-attend to at every decode step (Llama 3.2 Vision),
+      or a decoder's own inputs beside the encoder's (encoder-decoder families): mlx-vlm
+      hands them to each step, the batch's decode has no per-request place for them."""
+    if features.inputs_embeds.shape[1] != ids.shape[1]:
+        return (f"its embedding step makes {features.inputs_embeds.shape[1]} positions of a {ids.shape[1]}-token "
+                f"prompt with an image: mlx-vlm prefills those positions, the batch the prompt's tokens")
+    for name in ("cross_attention_states", "decoder_inputs_embeds"):
+        if getattr(features, name, None) is not None:
+            return (f"its language model reads the image's {name} at every decode step, as mlx-vlm's own "
+                    f"generation hands them over; the batch's decode has no per-request place for them")
     return None
 
 
@@ -195,10 +251,24 @@ def _bounds(spec):
     return media_bounds.from_load(spec.options, {})
 
 
+def _tokenizer(source: Path, processor, eos):
+    """mlx-lm's tokenizer for the folder, or, when transformers cannot load one from it, the processor's own
+    (PLaMo 2 VL's processor reads tokenizer.jsonl with its own class, which no Auto class knows)."""
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    from mlx_lm.utils import load_tokenizer
+
+    try:
+        return load_tokenizer(source, eos_token_ids=eos)
+    except ValueError:
+        own = getattr(processor, "tokenizer", None)
+        if own is None:
+            raise
+        return TokenizerWrapper(own, eos_token_ids=eos)
+
+
 def load_vision(spec, source: str, started: float):
     """LoadedModel of kind "vision" from a directory whose config.json has a vision_config."""
     import mlx.core as mx
-    from mlx_lm.utils import load_tokenizer
     from mlx_vlm.utils import load as vlm_load
 
     from loaders.loaded import LoadedModel, ModelLoadError, materialize
@@ -210,14 +280,16 @@ def load_vision(spec, source: str, started: float):
     try:
         vlm, processor = vlm_load(source, trust_remote_code=spec.trust_remote_code)
         eos = config.get("eos_token_id") or config.get("text_config", {}).get("eos_token_id")
-        tokenizer = load_tokenizer(Path(source), eos_token_ids=[eos] if isinstance(eos, int) else eos)
+        tokenizer = _tokenizer(Path(source), processor, [eos] if isinstance(eos, int) else eos)
     except Exception as e:  # format errors arrive as many types
         raise ModelLoadError(f"{source}: the vision model did not load through mlx-vlm: "
                              f"{type(e).__name__}: {e}") from None
     materialize(vlm)
     cfg = vlm.config
+    # GOT-OCR's config names its image token im_patch_token (<imgpad>).
     media_ids = sorted({i for i in (getattr(cfg, "image_token_id", None), getattr(cfg, "image_token_index", None),
-                                    getattr(cfg, "video_token_id", None)) if isinstance(i, int)})
+                                    getattr(cfg, "video_token_id", None), getattr(cfg, "im_patch_token", None))
+                        if isinstance(i, int)})
     video_id = getattr(cfg, "video_token_id", None)
     parts = VisionParts(
         vlm=vlm, processor=processor, model_type=config.get("model_type", ""), media_token_ids=media_ids,
@@ -228,10 +300,11 @@ def load_vision(spec, source: str, started: float):
     if parts.takes_video:
         parts.video_block = _image_block(processor, tokenizer).replace(
             getattr(processor, "image_token", "<image>"), getattr(processor, "video_token", "<video>"))
-    broken = _check_processor(parts)
-    if broken:
-        raise ModelLoadError(f"{source}: {parts.model_type} images cannot be prepared here (mlx-vlm's "
-                             f"processor for this family fails on a test image: {broken})")
+    try:
+        obstacle = batch_obstacle(*_embedded_test_image(parts))
+    except ModelLoadError as e:
+        raise ModelLoadError(f"{source}: {parts.model_type} images cannot be served here: {e}") from None
+    parts.batch_obstacle = obstacle  # the lane choice sends such a family to the solo lane
     ctx = spec.context_size or int(config.get("max_position_embeddings")
                                    or config.get("text_config", {}).get("max_position_embeddings") or 4096)
     mx.clear_cache()

@@ -131,7 +131,8 @@ def _raw_prompt(parts, text: str, image_hashes: List[int], video_hashes: List[in
     return text, [next(images) if k == "image" else next(videos) for _, k in sorted(found)]
 
 
-def _chat_prompt(lm, spec: RequestSpec, tools, images: int, videos: int, template_kwargs: Dict[str, Any]) -> str:
+def _chat_prompt(lm, spec: RequestSpec, tools, images: int, videos: List[str],
+                 template_kwargs: Dict[str, Any]) -> str:
     """mlx-vlm's chat templating places the images; videos go before the text of the same
     (last) user message, as its video formatting does."""
     from mlx_vlm.prompt_utils import apply_chat_template, get_chat_template
@@ -141,8 +142,14 @@ def _chat_prompt(lm, spec: RequestSpec, tools, images: int, videos: int, templat
     if tools:
         kwargs["tools"] = tools
     try:
-        messages = apply_chat_template(processor, lm.config, spec.chat_messages(),
+        # The model's config, as mlx-vlm's generation passes it, not config.json's: a family wrapping
+        # another architecture is formatted as that one (config.json's type has no image format).
+        messages = apply_chat_template(processor, lm.vision.vlm.config, spec.chat_messages(),
                                        add_generation_prompt=True, return_messages=True, num_images=images)
+        if any(isinstance(m, str) for m in messages):
+            # A family prompted without a chat (PaliGemma): mlx-vlm's formatting makes each message
+            # its prompt text, and the prompt is the last one, as its own templating returns it.
+            return messages[-1]
         if videos:
             _add_videos(messages, videos)
         bound = spec.bounds
@@ -154,7 +161,7 @@ def _chat_prompt(lm, spec: RequestSpec, tools, images: int, videos: int, templat
         raise OptionError(f"Messages: the chat template failed: {type(e).__name__}: {e}") from None
 
 
-def _add_videos(messages: List[Dict[str, Any]], count: int) -> None:
+def _add_videos(messages: List[Dict[str, Any]], paths: List[str]) -> None:
     last = next((m for m in reversed(messages) if m.get("role") == "user"), None)
     if last is None:
         raise OptionError("Videos: there is no user message to hold them")
@@ -163,7 +170,9 @@ def _add_videos(messages: List[Dict[str, Any]], count: int) -> None:
         content = [{"type": "text", "text": content}]
     media = [c for c in content if c.get("type") != "text"]
     text = [c for c in content if c.get("type") == "text"]
-    last["content"] = media + [{"type": "video"}] * count + text
+    # Each with its file, as mlx-vlm's video formatting writes it: a processor that renders the
+    # chat itself (Gemma 4's) keeps only the videos it can find.
+    last["content"] = media + [{"type": "video", "video": path} for path in paths] + text
 
 
 def _expand(lm, text: str, images: list, videos: List[str]) -> Tuple[List[int], Dict[str, np.ndarray]]:
@@ -174,13 +183,14 @@ def _expand(lm, text: str, images: list, videos: List[str]) -> Tuple[List[int], 
         inputs = prepare_inputs(
             parts.processor, images=images or None, videos=videos or None, prompts=text,
             image_token_index=getattr(parts.vlm.config, "image_token_index", None),
-            add_special_tokens=should_add_special_tokens(parts.model_type, parts.processor),
+            add_special_tokens=should_add_special_tokens(parts.prompt_type, parts.processor),
             **(parts.extra if videos else {}))
     except Exception as e:  # the processor refused these items (size, shape, frame count)
         name = "Videos" if videos else "Images"
         raise OptionError(f"{name}: the model's processor refused them: {type(e).__name__}: {e}") from None
-    arrays = {k: np.array(v) for k, v in inputs.items()
-              if v is not None and k not in ("input_ids", "attention_mask") and hasattr(v, "shape")}
+    # The attention mask too: mlx-vlm's generation hands it to the model's embedding step (PaliGemma's
+    # and Gemma 3's build a 4-D mask from it and fail without one).
+    arrays = {k: np.array(v) for k, v in inputs.items() if v is not None and k != "input_ids" and hasattr(v, "shape")}
     ids = np.array(inputs["input_ids"]).reshape(-1).tolist()
     return ids, arrays
 
@@ -203,7 +213,7 @@ def vision_prompt(lm, opts, tools, template_kwargs) -> Optional[Tuple[str, List[
         images = [decode_image(f"Images[{i}]", img) for i, img in enumerate(opened)]
         _check_videos_decode(videos)
         if use_template:
-            text = _chat_prompt(lm, spec, tools, len(images), len(videos), template_kwargs)
+            text = _chat_prompt(lm, spec, tools, len(images), videos, template_kwargs)
             hashes += video_hashes  # the order they take in the rendered message
         else:
             text, hashes = _raw_prompt(parts, spec.prompt, hashes, video_hashes)

@@ -29,7 +29,7 @@ from typing import Optional
 import numpy as np
 import pytest
 
-from common.launcher import Backend, backend_pb2
+from common.launcher import START_S, Backend, backend_pb2
 from conftest import run_threads
 from family_models import build
 from family_oracle import Oracle, agrees, job
@@ -58,7 +58,6 @@ MODELS = ("as-file", "foreign", "full", "shared")  # one folder each: the tiny l
 GGUF_PROMPT = "ab a ab."
 NOBODY = 65534
 ONE_ENTRY = ["prompt_cache_entries:1"]  # each prompt evicts the one before: written at once
-START_S = 300.0  # three servers start at once, beside the oracle: a liveness bound, not a speed
 
 
 def second(case: str) -> str:

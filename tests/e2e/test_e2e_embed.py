@@ -345,19 +345,3 @@ def test_embeddings_and_scores_complete_while_four_streams_decode(smol):
     assert all(r.dim == 576 for r in results[4:8])
     assert all(len(r) == 2 for r in results[8:])
     assert health  # Health kept answering throughout (its latencies are measured by the bench)
-
-
-# ---- Qwen2.5-Coder: a real instruction model (slow here: one short test) ----------------
-
-
-def test_qwen_prefers_paris_and_ranks_the_relevant_document_first(log_dir):
-    from models import qwen_coder_gguf
-
-    for b in serving(log_dir / "embed-qwen.log", qwen_coder_gguf()):
-        paris, london = score(b.stub, "The capital of France is", [" Paris", " London"])
-        assert paris.log_prob > london.log_prob
-        docs = ["Bananas are a good source of potassium.", "Paris is the capital of France."]
-        reply = b.stub.Rerank(backend_pb2.RerankRequest(query="What is the capital of France?", documents=docs),
-                              timeout=300)
-        assert [r.index for r in reply.results] == [1, 0]
-        assert 0.0 <= reply.results[1].relevance_score < reply.results[0].relevance_score <= 1.0

@@ -15,7 +15,8 @@ import time
 import grpc
 import pytest
 
-from common.launcher import BACKEND_DIR, Backend, backend_pb2, backend_pb2_grpc, chat, free_port
+from common.launcher import (BACKEND_DIR, START_S, Backend, backend_pb2, backend_pb2_grpc, chat,
+                             free_port)
 
 pytestmark = pytest.mark.e2e
 
@@ -34,7 +35,7 @@ def health(stub, metadata=None):
     return stub.Health(backend_pb2.HealthMessage(), timeout=5, metadata=metadata)
 
 
-def wait_serving(stub, metadata=None, proc=None, timeout=60.0):
+def wait_serving(stub, metadata=None, proc=None, timeout=START_S):
     """Poll Health (with `metadata`) until it answers OK."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

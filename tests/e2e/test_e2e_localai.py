@@ -50,6 +50,8 @@ def test_backend_folder_runs_as_localai_starts_it(tmp_path, models_folder, log_d
     proc, channel, stub = start_like_localai(folder, log_dir / "localai-folder.log")
     try:
         wait_healthy_like_the_host(stub, proc)
+        if os.path.isdir(f"/proc/{proc.pid}/fd"):  # the stdin the host closed is /dev/null, not a reused number
+            assert os.readlink(f"/proc/{proc.pid}/fd/0") == os.devnull
         result = stub.LoadModel(backend_pb2.ModelOptions(
             Model=GGUF_NAME, ModelFile=str(models_folder / GGUF_NAME), ModelPath=str(models_folder),
             ContextSize=4096), timeout=300)

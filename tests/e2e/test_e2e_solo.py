@@ -8,10 +8,10 @@ compared with mlx-lm's own greedy generation run in one separate process (family
 alone and three at once; the solo lane serves the three in their order of arrival. On gemma2
 in the solo lane: stop strings, logprobs, seeds, a JSON schema, cancellation, the queue bound,
 a prompt past the context, Health and Status while it runs. The prefix cache as each cache
-kind allows; Gemma 3 vision in the solo lane against mlx-vlm's own generation (vision_oracle.py).
+kind allows; Gemma 3 vision in the lane the check picks (the batch) and in the solo lane, against
+mlx-vlm's own generation (vision_oracle.py).
 """
 
-import concurrent.futures
 import json
 import re
 import threading
@@ -62,12 +62,12 @@ def oracle():
 def vision_oracle():
     """mlx-vlm's own answers for the tiny Gemma 3 and two images, computing from the start."""
     from vision_fixture import tiny_vision
-    from vision_oracle import run
+    from vision_oracle import job, start
 
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        path = tiny_vision("gemma3")
-        answers = pool.submit(run, path, "Describe this.", [1, 2], 10)
-        yield path, answers
+    path = tiny_vision("gemma3")
+    answers = start([job(path, "Describe this.", [(1, 160, 120), (2, 160, 120)], 10)])
+    yield path, answers
+    answers.close()
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +174,18 @@ def test_lane_batch_is_refused_for_a_cache_the_batch_cannot_merge(backend):
     assert "lane:batch cannot serve this model: its ChunkedKVCache cache cannot be merged" in result.message
     # The model served before still serves.
     assert backend.stub.Predict(opts(A, "after-refusal"), timeout=120).tokens == TOKENS
+
+
+def test_lane_batch_is_refused_for_a_vision_family_the_batch_cannot_serve(backend):
+    from zoo import vision_builder
+
+    # LLaVA-NeXT's embedding step makes more positions than its prompt has tokens: the check at
+    # load sends it to the solo lane (the vision matrix serves it there); forced into the batch, refused.
+    result = backend.load(vision_builder.build("llava_next"), Options=["lane:batch"])
+    assert not result.success
+    assert "lane:batch cannot serve this model: the vision batch cannot serve it: its embedding step makes" \
+        in result.message, result.message
+    assert backend.stub.Predict(opts(A, "after-vision-refusal"), timeout=120).tokens == TOKENS
 
 
 # ---- the text pipeline, sampling and bounds in the solo lane (gemma2) -------------------------
@@ -285,17 +297,25 @@ def test_health_and_status_answer_while_the_solo_lane_runs(gemma2):
     assert all(state == backend_pb2.StatusResponse.BUSY and solo == 1 for _, state, solo in answered), answered
 
 
-# ---- a vision family in the solo lane ---------------------------------------------------------
+# ---- a vision family in the batch and in the solo lane -----------------------------------------
+
+# Gemma 3's embedding step builds its own mask from the processor's attention mask, which the
+# vision batch hands it (prepare/vision.py): batched, it gives mlx-vlm's tokens, so the check
+# keeps the batch. lane:solo puts the same model through mlx-vlm's own generation step.
+GEMMA3_LANES = {"": ((0, 0), "batch (batched, it gives the single stream's tokens"),
+                "lane:solo": ((1, 0), "solo (load option lane:solo")}
 
 
-def test_gemma3_vision_runs_solo_and_gives_mlx_vlm_text(backend, vision_oracle, log_dir):
+@pytest.mark.parametrize("option", GEMMA3_LANES)
+def test_gemma3_vision_gives_mlx_vlm_text_in_its_lane(backend, vision_oracle, log_dir, option):
     from vision_fixture import image_b64
 
     path, answers = vision_oracle
-    serve(backend, path)
-    want = answers.result(timeout=600)
-    assert lanes(backend) == (1, 0)
-    assert "solo (batched, it " in last_lane_line(log_dir / "solo.log")
+    serve(backend, path, *filter(None, [option]))
+    want = answers.answer(0)["images"]
+    lane, words = GEMMA3_LANES[option]
+    assert lanes(backend) == lane
+    assert words in last_lane_line(log_dir / "solo.log")
 
     def ask(seed):
         reply = backend.stub.Predict(chat("Describe this.", Images=[image_b64(seed)], Logprobs=1, Tokens=10,

@@ -1,7 +1,8 @@
 """End-to-end: tool calls and reasoning, streamed as they happen, with real models.
 
-Qwen2.5-Coder-0.5B-Instruct (joined from its PyPI parts) for tool calls;
-SmolLM2 with a thinking chat template (tests/models.py) for reasoning.
+Qwen2.5-Coder-0.5B-Instruct (joined from its PyPI parts) for tool calls, and its Score and
+Rerank (here, not in test_e2e_embed.py: a second load of this model costs more than all
+these tests); SmolLM2 with a thinking chat template (tests/models.py) for reasoning.
 """
 
 import json
@@ -112,6 +113,17 @@ def test_qwen_model_metadata(qwen):
     assert meta.tool_format.per_call_end == "</tool_call>"
     assert not meta.supports_thinking
     assert "<|im_start|>assistant" in meta.rendered_template
+
+
+def test_qwen_prefers_paris_and_ranks_the_relevant_document_first(qwen):
+    stub = qwen.stub
+    paris, london = stub.Score(backend_pb2.ScoreRequest(prompt="The capital of France is",
+                                                        candidates=[" Paris", " London"]), timeout=300).candidates
+    assert paris.log_prob > london.log_prob
+    docs = ["Bananas are a good source of potassium.", "Paris is the capital of France."]
+    reply = stub.Rerank(backend_pb2.RerankRequest(query="What is the capital of France?", documents=docs), timeout=300)
+    assert [r.index for r in reply.results] == [1, 0]
+    assert 0.0 <= reply.results[1].relevance_score < reply.results[0].relevance_score <= 1.0
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,32 @@ def test_past_a_near_tie_either_token_is_the_librarys():
     assert differs(ref, [out([9, 7, 8])]) == "gives other tokens than the single stream (request A, token 1)"
 
 
+def test_the_same_tokens_with_other_log_probabilities_differ():
+    # afm7 batched: three probe tokens equal, their log-probabilities 0.3 apart, other text later.
+    ref = [out([1, 2, 3])]
+    moved = out([1, 2, 3])
+    moved.logprobs[1] += 0.29
+    assert differs(ref, [moved]) == ("gives other log-probabilities than the single stream (request A, token 2: "
+                                     "0.29 apart, rounding allows 0.001)")
+    assert differs(ref, [moved], allowed=0.3) is None
+    moved.logprobs[1] = ref[0].logprobs[1] + 2e-6  # float32 rounding of a batched matmul
+    assert differs(ref, [moved]) is None
+
+
+def test_rounding_allowed_follows_the_coarsest_float_of_the_model():
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from loaders.rounding import FLOOR, allowed
+
+    model = nn.Linear(4, 4)
+    assert allowed(model) == FLOOR
+    model.set_dtype(mx.bfloat16)
+    assert allowed(model) == 0.25
+    quantized = nn.QuantizedLinear(64, 8)  # uint32 weights, float32 scales: float32 rounding
+    assert allowed(quantized) == FLOOR
+
+
 def test_a_failed_request_or_another_end_differs():
     ref = [out([1, 2, 3])]
     assert differs(ref, [out([], error="INTERNAL: boom")]) == "fails request A (INTERNAL: boom)"

@@ -111,10 +111,8 @@ def _section(title: str, results: dict, columns) -> list:
 
 # What stands for the vision matrix's table while its results are not there.
 VISION_UNMATRIXED = (
-    "Not in a matrix yet (no vision.json). Checked against mlx-vlm's own generation by "
-    "`tests/e2e/test_e2e_vision_families.py` (qwen2_vl, qwen2_5_vl, idefics3, smolvlm: the batch, "
-    "two images at once), `tests/e2e/test_e2e_vision.py` and `tests/e2e/test_e2e_solo.py` (Gemma 3 "
-    "vision: the solo lane). See [Vision](vision.md).")
+    "Not in this run (no vision.json): the vision matrix, `tests/e2e/test_e2e_zoo_vision.py`, checks "
+    "every vision-language family of the installed mlx-vlm against its own generation. See [Vision](vision.md).")
 
 
 def render(text: dict, vision: dict = None) -> str:

@@ -138,6 +138,9 @@ OVERRIDES = {
     "minicpm": dict(dim_model_base=64),
     "minicpm3": dict(dim_model_base=64, rope_scaling={"original_max_position_embeddings": 1024}),
     "ministral3": dict(rope_parameters=dict(_ROPE, llama_4_scaling_beta=0.1, original_max_position_embeddings=1024)),
+    # mlx-lm runs mistral as llama; with a window on every other layer (Ministral's layout) the
+    # llama code takes its sliding-window path: RotatingKVCache next to KVCache.
+    "mistral": dict(sliding_window=WINDOW, layer_types=_SLIDING_FULL),
     "mistral3": dict(text_config=dict(model_type="ministral3", rope_parameters=dict(
         _ROPE, llama_4_scaling_beta=0.1, original_max_position_embeddings=1024))),
     "mistral4": dict(rope_parameters=dict(_ROPE, llama_4_scaling_beta=0.1, original_max_position_embeddings=1024)),

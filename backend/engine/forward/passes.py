@@ -9,10 +9,13 @@ between two decode steps, so running streams stall at most one chunk:
 - a score job prefills its shared prompt in chunks (from the prefix cache
   when it is warm; hidden states only), then evaluates its candidates in
   batches sized by what they allocate, each row continuing a copy of the
-  prompt's KV in the cache's own form, logits only at the rows' positions.
+  prompt's KV in the cache's own form, logits only at the rows' positions;
+  for a model whose output depends on how a sequence is split between passes
+  (split_check.py), each row is the prompt and the candidate in one pass.
 Engine thread only (every MLX call); jobs are built by forward_prep.
 """
 
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -25,6 +28,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from engine.forward import pair_forward
 from engine.forward.row_batch import run_rows, take_rows
 from engine.forward.score_rows import rows_end, save, score_rows, warm_cache
+from engine.forward.split_check import split_sensitive
 from engine.prefix import kinds, snapshots
 
 log = logging.getLogger("mlx-backend.forward")
@@ -85,7 +89,8 @@ class _Pending:
     started: bool = False
     rows_done: int = 0
     snapshot: Any = None  # a score's cache at its save_upto, when its cache cannot be trimmed
-    plain: bool = False  # a score whose cache cannot be copied per row: each row runs the prompt anew
+    plain: bool = False  # each row runs the prompt anew: its cache cannot be copied per row, or `whole`
+    whole: bool = False  # the model's output depends on the split: prompt and row in one pass
     pooled: Any = None  # vectors so far; for a long input, its running sum / last state / states
     out_tokens: List[List[int]] = field(default_factory=list)
     out_logprobs: List[List[float]] = field(default_factory=list)
@@ -204,22 +209,30 @@ class ForwardWork:
 
     # ---- scores -----------------------------------------------------------------
 
-    def _plain_score_row(self, lm, p: _Pending) -> List[tuple]:
-        """One row of a score whose cache class can neither be copied nor rebuilt from its
-        state (prefix/kinds.py: deepseek_v41's LayerCache): the shared prompt and the row in
-        a fresh cache of the row's own, nothing kept in the prefix cache."""
-        job = p.job
+    def _own_score_row(self, lm, p: _Pending) -> List[tuple]:
+        """One row of a score in a fresh cache of its own, nothing kept in the prefix cache:
+        the prompt and the row in one pass when the model's output depends on how a sequence
+        is split (split_check.py), else the prompt then the row (a cache class that can
+        neither be copied nor rebuilt from its state, prefix/kinds.py: deepseek_v41's LayerCache)."""
+        job, row = p.job, p.rows_done
         cache = make_prompt_cache(lm.model)
-        if job.shared:
+        if p.whole:
+            # The whole sequence, its last token too (it changes what earlier positions see in
+            # such a model); the row's targets and first scored position move past the prompt.
+            n = len(job.shared)
+            job = dataclasses.replace(job, rows=[job.shared + job.rows[row] + job.targets[row][-1:]],
+                                      targets=[[0] * n + job.targets[row]], first=[n + job.first[row]])
+            row = 0
+        elif job.shared:
             _body(lm)(mx.array([job.shared]), cache=cache)
-        for tokens, logprobs in score_rows(lm, cache, job, p.rows_done, p.rows_done + 1, copies=False):
+        for tokens, logprobs in score_rows(lm, cache, job, row, row + 1, copies=False):
             p.out_tokens.append(tokens)
             p.out_logprobs.append(logprobs)
         p.rows_done += 1
-        if p.rows_done < len(job.rows):
+        if p.rows_done < len(p.job.rows):
             return []
         self.queue.popleft()
-        evaluated = len(job.rows) * len(job.shared) + sum(len(r) for r in job.rows)
+        evaluated = len(p.job.rows) * len(p.job.shared) + sum(len(r) for r in p.job.rows)
         return [(p.sink, ScoreResult(p.out_tokens, p.out_logprobs, evaluated, 0))]
 
     def _score_chunk(self, lm, p: _Pending, budget: int, prefix_cache) -> List[tuple]:
@@ -227,14 +240,15 @@ class ForwardWork:
         try:
             if not p.started:  # the prefix cache is looked up when the job starts, not when it arrives
                 p.started = True
-                p.plain = kinds.unserved(make_prompt_cache(lm.model)) is not None
+                p.whole = split_sensitive(lm)
+                p.plain = p.whole or kinds.unserved(make_prompt_cache(lm.model)) is not None
                 if p.plain:
                     p.done = len(job.shared)
                 else:
                     p.cache, p.cached = warm_cache(lm, prefix_cache(), job.shared)
                     p.done = p.cached
             if p.plain:
-                return self._plain_score_row(lm, p)
+                return self._own_score_row(lm, p)
             if p.done < len(job.shared):  # one chunk of the shared prompt
                 # A cache that cannot be trimmed is kept as it is at save_upto (a snapshot):
                 # the chunk that reaches it ends there.

@@ -1,9 +1,9 @@
 """The solo lane of a vision model: one request at a time through mlx-vlm's own generation step.
 
-For a vision family whose prompts the batch cannot prefill as mlx-vlm does (Gemma 3's own
-attention mask over its image tokens) or whose batched text differs from mlx-vlm's own
-(engine/lane_choice.py decides at load), each request runs alone through
-`mlx_vlm.generate.generate_step` with the inputs preparation made (the processor's arrays,
+For a vision family the batch cannot serve as mlx-vlm does (a cache it cannot merge, an
+embedding step longer than the prompt, image states read at every decode step) or whose
+batched text differs from mlx-vlm's own (engine/lane_choice.py decides at load), each
+request runs alone through `mlx_vlm.generate.generate_step` with the inputs preparation made (the processor's arrays,
 the prompt's token ids, a mask of ones as the processor gives one prompt) and the request's
 own sampler and logits processors; a request without media goes the same way, with no pixels.
 mlx-vlm's step embeds and prefills the whole prompt in its first call (its own chunked

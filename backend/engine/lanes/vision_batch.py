@@ -29,7 +29,7 @@ import inspect
 import itertools
 import logging
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import mlx.core as mx
@@ -37,6 +37,7 @@ import mlx.core as mx
 from engine.lanes.batch import Capabilities
 from engine.lanes.sampling import SamplingParams
 from engine.lanes.text_batch import First, TextBatch, _argmax
+from loaders.vision_model import run_layers
 
 log = logging.getLogger("mlx-backend.vision")
 
@@ -58,6 +59,10 @@ class _Prefill:
     started: bool = False
     embeds: Any = None  # inputs_embeds of prompt[embeds_from:], when the rest holds media
     embeds_from: int = 0
+    # What else mlx-vlm's embedding step returned for the whole prompt (Qwen3-VL's deepstack
+    # features and their positions, Gemma's per-layer inputs): its generation hands them to
+    # every prefill chunk and the language model aligns them at its cache offset.
+    features: Dict[str, Any] = field(default_factory=dict)
     positions: Any = None
     delta: int = 0
 
@@ -113,27 +118,36 @@ class VisionBatch(TextBatch):
         media_ids = set(self.lm.vision.media_token_ids)
         if p.media is not None and any(t in media_ids for t in p.prompt[p.at:]):
             pixels = arrays.pop("pixel_values", None)
-            p.embeds = decode.vlm.get_input_embeddings(ids, pixels, **arrays).inputs_embeds[:, p.at:]
+            mask = arrays.pop("attention_mask", None)
+            out = decode.vlm.get_input_embeddings(ids, pixels, mask=mask, **arrays)
+            p.embeds = out.inputs_embeds[:, p.at:]
             p.embeds_from = p.at
-            mx.eval(p.embeds)
+            # Positions and their delta are the batch's own (above): a warm prefix needs them too.
+            p.features = {k: v for k, v in out.to_dict().items()
+                          if v is not None and k not in ("inputs_embeds", "position_ids", "rope_deltas")}
+            mx.eval(p.embeds, list(p.features.values()))
         p.started = True
 
     def _advance(self, p: _Prefill) -> Optional[First]:
         """One prefill chunk; the first token (as a First) after the last one."""
         if not p.started:
             self._start(p)
-        lm, kv = self.lm.model.lm, p.cache[:-1]
+        lm = self.lm.model.lm
         n = len(p.prompt)
         start, end = p.at, min(p.at + self.prefill_step_size, n)
         kwargs = {}
         if p.embeds is not None:
             kwargs["inputs_embeds"] = p.embeds[:, start - p.embeds_from:end - p.embeds_from]
+            kwargs.update(p.features)
         if p.positions is not None:
-            kwargs["position_ids"] = p.positions[..., start:end]
-        out = lm(mx.array([p.prompt[start:end]]), cache=kv, **kwargs)
+            # Qwen-VL's positions are (3, 1, length); ERNIE 4.5 VL's (1, length, 3): the prompt's axis
+            # is the last unless the first is the batch of one.
+            seq = (slice(None), slice(start, end)) if p.positions.shape[0] == 1 else (..., slice(start, end))
+            kwargs["position_ids"] = p.positions[seq]
+        out = run_layers(lm, mx.array([p.prompt[start:end]]), p.cache, **kwargs)
         p.at = end
         if end < n:
-            mx.eval([c.state for c in kv])
+            mx.eval([c.state for c in p.cache[:-1]])
             return None
         logits = getattr(out, "logits", out)[:, -1, :]
         context = mx.array(p.prompt, dtype=mx.int32)
@@ -141,7 +155,7 @@ class VisionBatch(TextBatch):
             logits = proc(context, logits)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         token = (p.sampler or _argmax)(logprobs)
-        mx.eval(token, logprobs, [c.state for c in kv])
+        mx.eval(token, logprobs, [c.state for c in p.cache[:-1]])
         return self._first(p, int(token.item()), logprobs[0])
 
     def _first(self, p: _Prefill, token: int, logprobs) -> First:

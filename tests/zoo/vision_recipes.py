@@ -1,0 +1,896 @@
+"""How each vision-language family is made tiny: its tokens, chat template, config and
+processor files.
+
+A recipe is data plus one function from the trained tokenizer's ids to config.json;
+everything about sizes comes from the generic shrink (vision_shrink.py) and only what a
+family's own code insists on is written here. mlx-vlm's processors read the files named
+in `files` (most families' processors are mlx-vlm's own, chosen by config.json's
+model_type).
+"""
+
+import importlib
+import json
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List
+
+from vision_fixture import CHAT_TEMPLATE, SPECIALS, turn_template
+
+from zoo.vision_shrink import TEXT, WIDTH, shrink
+
+CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+
+
+@dataclass
+class Recipe:
+    specials: List[str]  # special tokens of the trained tokenizer; the first is its pad token
+    eos: str
+    template: str  # the chat template (None: the checkpoint has none)
+    config: Callable[[object, Dict[str, int], int], dict]  # (mlx-vlm module, token ids, vocab) -> config.json
+    files: Dict[str, dict] = field(default_factory=dict)  # processor files, as JSON
+    tokenizer_config: dict = field(default_factory=dict)  # entries added to tokenizer_config.json
+    named: dict = field(default_factory=dict)  # more named special tokens (bos_token=...)
+    scale: float = 4.0  # every matrix scaled by this: the text then depends on the image
+    # Matrices left as initialised (by name): Gemma's scaled input embeddings would otherwise
+    # drown the layers, and greedy repeats one token whatever the prompt.
+    unscaled: tuple = ()
+    # A family whose processor reads its own tokenizer format: (target folder, recipe) -> the saved tokenizer,
+    # in place of the byte-level BPE.
+    tokenizer: Callable = None
+
+
+def module_of(family: str):
+    return importlib.import_module(f"mlx_vlm.models.{family}")
+
+
+# ---- Qwen-VL: <|vision_start|><|image_pad|><|vision_end|>, images resized to patches of 14 or 16
+
+def _qwen_preprocessor(patch: int) -> dict:
+    return {"min_pixels": 4 * patch * patch, "max_pixels": 64 * patch * patch, "patch_size": patch,
+            "temporal_patch_size": 2, "merge_size": 2, "image_mean": CLIP_MEAN, "image_std": CLIP_STD,
+            "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True}
+
+
+def _qwen_ids(ids: Dict[str, int]) -> dict:
+    return {"image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
+            "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"],
+            "eos_token_id": ids["<|im_end|>"], "bos_token_id": ids["<|endoftext|>"]}
+
+
+def _qwen3(family: str, text: dict, vision: dict, base: str = None) -> Callable:
+    """`base`: the architecture a family wraps (its text and vision configs are that one's)."""
+    def config(m, ids, vocab):
+        return {"model_type": family, "text_config": shrink(m.TextConfig, model_type=base or family,
+                                                                vocab_size=vocab, **text),
+                "vision_config": shrink(m.VisionConfig, model_type=base or family, patch_size=16,
+                                        num_position_embeddings=64, **vision),
+                "vocab_size": vocab, **_qwen_ids(ids)}
+    return config
+
+
+def _qwen2(family: str, vision: dict) -> Callable:
+    def config(m, ids, vocab):  # text parameters at the top level, as Qwen2-VL checkpoints have them
+        text = shrink(m.TextConfig, model_type=family, vocab_size=vocab, head_dim=None,
+                      rope_scaling={"type": "mrope", "mrope_section": [4, 2, 2]})
+        text.pop("head_dim")
+        return {**text, "vision_config": shrink(m.VisionConfig, model_type=family, **vision), **_qwen_ids(ids)}
+    return config
+
+
+_MROPE = {"type": "mrope", "mrope_section": [4, 2, 2]}  # sums to head_dim / 2
+_MROPE_PARTIAL = {"type": "default", "mrope_section": [1, 1, 0], "rope_theta": 10000,
+                  "partial_rotary_factor": 0.25}  # a quarter of head_dim rotates
+
+QWEN = dict(specials=SPECIALS, eos="<|im_end|>", template=CHAT_TEMPLATE)
+
+RECIPES: Dict[str, Recipe] = {
+    "qwen2_vl": Recipe(**QWEN, config=_qwen2("qwen2_vl", {"mlp_ratio": 2, "patch_size": 14}),
+                       files={"preprocessor_config.json": _qwen_preprocessor(14)}),
+    "qwen2_5_vl": Recipe(**QWEN, config=_qwen2("qwen2_5_vl", {"patch_size": 14, "window_size": 112,
+                                                               "fullatt_block_indexes": [0]}),
+                         files={"preprocessor_config.json": _qwen_preprocessor(14)}),
+    "qwen3_vl": Recipe(**QWEN, config=_qwen3("qwen3_vl", {"rope_scaling": _MROPE},
+                                             {"deepstack_visual_indexes": [0]}),
+                       files={"preprocessor_config.json": _qwen_preprocessor(16)}),
+    "qwen3_vl_moe": Recipe(**QWEN, config=_qwen3("qwen3_vl_moe", {"rope_scaling": _MROPE},
+                                                 {"deepstack_visual_indexes": [0]}),
+                           files={"preprocessor_config.json": _qwen_preprocessor(16)}),
+    "qwen3_5": Recipe(**QWEN, config=_qwen3("qwen3_5", {"rope_parameters": _MROPE_PARTIAL}, {}),
+                      files={"preprocessor_config.json": _qwen_preprocessor(16)}),
+    "qwen3_5_moe": Recipe(**QWEN, config=_qwen3("qwen3_5_moe", {"rope_parameters": _MROPE_PARTIAL}, {}),
+                          files={"preprocessor_config.json": _qwen_preprocessor(16)}),
+    # IndicOCR's OCR stage: Qwen 3.5 itself under its own name (an Indic vocabulary, ids in the config).
+    "indic_ocr": Recipe(**QWEN, config=_qwen3("indic_ocr", {"rope_parameters": _MROPE_PARTIAL}, {}, base="qwen3_5"),
+                        files={"preprocessor_config.json": _qwen_preprocessor(16)}),
+}
+
+
+def _add(family: str, recipe: Recipe) -> None:
+    RECIPES[family] = recipe
+
+
+def _turns(turn: str, image: str, end: str, answer: str, start: str = "", video: str = "") -> str:
+    """A chat template written for these tests: `start`, each turn `turn` (the role in it), images
+    as `image`, videos as `video`, then `end`; the generation prompt `answer`."""
+    return start + turn_template(turn, image, end, answer, video)
+
+
+# ---- Idefics3 / SmolVLM: SigLIP tower, pixel shuffle, a Llama text model
+
+IDEFICS3_TEMPLATE = _turns("{{ message['role'].capitalize() + ':' }}", "<image>", "<end_of_utterance>\\n", "Assistant:")
+
+def _idefics3(family: str, names) -> Recipe:
+    def config(m, ids, vocab):
+        return {"model_type": family, "architectures": [names[0]],
+                "text_config": shrink(m.TextConfig, model_type="llama", vocab_size=vocab),
+                "vision_config": shrink(m.VisionConfig, model_type="idefics3_vision", patch_size=14, image_size=56),
+                "image_token_id": ids["<image>"], "scale_factor": 2, "vocab_size": vocab,
+                "eos_token_id": [ids["<end_of_utterance>"]]}
+    return Recipe(
+        specials=["<|endoftext|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>", "<global-img>"],
+        eos="<end_of_utterance>", template=IDEFICS3_TEMPLATE, config=config,
+        files={"preprocessor_config.json": {
+            "image_processor_type": names[1], "processor_class": names[2], "do_resize": True,
+            "size": {"longest_edge": 56}, "do_image_splitting": False, "max_image_size": {"longest_edge": 56},
+            "do_rescale": True, "do_normalize": True, "do_convert_rgb": True, "do_pad": True,
+            "image_mean": [0.5] * 3, "image_std": [0.5] * 3, "resample": 1},
+            "processor_config.json": {"processor_class": names[2], "image_seq_len": 4}})
+
+
+_add("idefics3", _idefics3("idefics3", ("Idefics3ForConditionalGeneration", "Idefics3ImageProcessor",
+                                        "Idefics3Processor")))
+_add("smolvlm", _idefics3("smolvlm", ("SmolVLMForConditionalGeneration", "SmolVLMImageProcessor",
+                                      "SmolVLMProcessor")))
+
+
+# ---- LLaVA 1.5: CLIP tower, projector, a Llama text model
+
+LLAVA_TEMPLATE = _turns("{{ message['role'].upper() + ': ' }}", "<image>\\n", "<|im_end|>\\n", "ASSISTANT:")
+
+def _llava(m, ids, vocab):
+    return {"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"],
+            "text_config": shrink(m.TextConfig, model_type="llama", vocab_size=vocab),
+            "vision_config": shrink(m.VisionConfig, model_type="clip_vision_model", num_hidden_layers=2,
+                                    image_size=56, patch_size=14),
+            "image_token_index": ids["<image>"], "vision_feature_select_strategy": "default",
+            "vision_feature_layer": -2, "vocab_size": vocab, "eos_token_id": ids["<|im_end|>"]}
+
+
+_add("llava", Recipe(
+    specials=["<|endoftext|>", "<|im_end|>", "<image>"], eos="<|im_end|>", template=LLAVA_TEMPLATE, config=_llava,
+    files={"preprocessor_config.json": {
+        "image_processor_type": "CLIPImageProcessor", "processor_class": "LlavaProcessor",
+        "size": {"shortest_edge": 56}, "crop_size": {"height": 56, "width": 56}, "do_resize": True,
+        "do_center_crop": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True,
+        "image_mean": CLIP_MEAN, "image_std": CLIP_STD, "resample": 3},
+        "processor_config.json": {"processor_class": "LlavaProcessor", "patch_size": 14, "image_token": "<image>",
+                                  "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1}}))
+
+
+# ---- Gemma 3 and PaliGemma: SigLIP tower, a Gemma text model
+
+GEMMA3_TEMPLATE = _turns("{{ '<start_of_turn>' + message['role'] + '\\n' }}", "<start_of_image>", "<end_of_turn>\\n",
+                         "<start_of_turn>model\\n")
+
+def _gemma3(m, ids, vocab):
+    return {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+            "text_config": shrink(m.TextConfig, model_type="gemma3_text", vocab_size=vocab, query_pre_attn_scalar=16,
+                                  sliding_window=16, sliding_window_pattern=2, mm_tokens_per_image=4),
+            "vision_config": shrink(m.VisionConfig, model_type="siglip_vision_model", patch_size=14, image_size=56),
+            "image_token_index": ids["<image_soft_token>"], "mm_tokens_per_image": 4,
+            "boi_token_index": ids["<start_of_image>"], "eoi_token_index": ids["<end_of_image>"],
+            "vocab_size": vocab, "hidden_size": WIDTH, "eos_token_id": [ids["<end_of_turn>"]],
+            "pad_token_id": ids["<pad>"]}
+
+
+_add("gemma3", Recipe(
+    specials=["<pad>", "<end_of_turn>", "<start_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>"],
+    eos="<end_of_turn>", template=GEMMA3_TEMPLATE, config=_gemma3, scale=8.0, unscaled=("embed_tokens",),
+    tokenizer_config={"extra_special_tokens": {"image_token": "<image_soft_token>", "boi_token": "<start_of_image>",
+                                               "eoi_token": "<end_of_image>"}},
+    files={"preprocessor_config.json": {
+        "image_processor_type": "Gemma3ImageProcessor", "processor_class": "Gemma3Processor",
+        "size": {"height": 56, "width": 56}, "do_resize": True, "do_rescale": True, "do_normalize": True,
+        "do_convert_rgb": True, "do_pan_and_scan": False, "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
+        "resample": 2},
+        "processor_config.json": {"processor_class": "Gemma3Processor", "image_seq_length": 4}}))
+
+
+def _paligemma(m, ids, vocab):
+    return {"model_type": "paligemma", "architectures": ["PaliGemmaForConditionalGeneration"],
+            "text_config": shrink(m.TextConfig, model_type="gemma", vocab_size=vocab, num_image_tokens=16),
+            "vision_config": shrink(m.VisionConfig, model_type="siglip_vision_model", patch_size=14, image_size=56),
+            "image_token_index": ids["<image>"], "vocab_size": vocab, "hidden_size": WIDTH,
+            "pad_token_id": ids["<pad>"], "eos_token_id": ids["<eos>"], "bos_token_id": ids["<bos>"]}
+
+
+# PaliGemma takes no chat: mlx-vlm prompts it with the images' tokens and the question.
+_add("paligemma", Recipe(
+    specials=["<pad>", "<eos>", "<bos>", "<image>"], eos="<eos>", config=_paligemma,
+    template=_turns("", "<image>", "\\n", ""), named={"bos_token": "<bos>"},
+    files={"preprocessor_config.json": {
+        "image_processor_type": "SiglipImageProcessor", "processor_class": "PaliGemmaProcessor",
+        "size": {"height": 56, "width": 56}, "do_resize": True, "do_rescale": True, "do_normalize": True,
+        "do_convert_rgb": True, "image_mean": [0.5] * 3, "image_std": [0.5] * 3, "resample": 3,
+        "image_seq_length": 16},
+        "processor_config.json": {"processor_class": "PaliGemmaProcessor", "image_seq_length": 16}}))
+
+
+# ---- Pixtral and Mistral 3: a Pixtral tower ([IMG] per patch, [IMG_BREAK] per row), a Mistral text model
+
+PIXTRAL_SPECIALS = ["<pad>", "</s>", "<s>", "[INST]", "[/INST]", "[IMG]", "[IMG_BREAK]", "[IMG_END]"]
+# Written for these tests: Mistral's [INST] turns, the images first.
+PIXTRAL_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'user' %}{{ '[INST]' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' or 'image' in part %}{{ '[IMG]' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{{ '[/INST]' }}"
+    "{% else %}{{ message['content'] if message['content'] is string else '' }}{{ '</s>' }}{% endif %}"
+    "{% endfor %}")
+
+
+def _pixtral_files(merge: int) -> dict:
+    return {"preprocessor_config.json": {
+        "image_processor_type": "PixtralImageProcessor", "patch_size": {"height": 14, "width": 14},
+        "size": {"longest_edge": 56 * merge}, "do_resize": True, "do_rescale": True, "do_normalize": True,
+        "do_convert_rgb": True, "image_mean": CLIP_MEAN, "image_std": CLIP_STD, "resample": 3},
+        "processor_config.json": {"patch_size": 14, "spatial_merge_size": merge, "image_token": "[IMG]",
+                                  "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}}
+
+
+def _pixtral_family(family: str, merge: int) -> Recipe:
+    def config(m, ids, vocab):
+        top = {"spatial_merge_size": merge} if family == "mistral3" else {}
+        return {"model_type": family, "text_config": shrink(m.TextConfig, model_type="mistral", vocab_size=vocab),
+                "vision_config": shrink(m.VisionConfig, model_type="pixtral", head_dim=16, image_size=56 * merge,
+                                        patch_size=14),
+                "image_token_index": ids["[IMG]"], "vocab_size": vocab, "eos_token_id": ids["</s>"], **top}
+    return Recipe(specials=PIXTRAL_SPECIALS, eos="</s>", template=PIXTRAL_TEMPLATE, config=config,
+                  named={"bos_token": "<s>"}, files=_pixtral_files(merge))
+
+
+_add("pixtral", _pixtral_family("pixtral", 1))
+_add("mistral3", _pixtral_family("mistral3", 2))
+
+
+# ---- Llama 4: its own tower with pixel shuffle, <|patch|> per image token, a chunked-attention MoE text model
+
+LLAMA4_SPECIALS = ["<|finetune_right_pad_id|>", "<|eot|>", "<|begin_of_text|>", "<|header_start|>", "<|header_end|>",
+                   "<|image_start|>", "<|image_end|>", "<|image|>", "<|patch|>", "<|tile_x_separator|>",
+                   "<|tile_y_separator|>"]
+
+
+def _llama4(m, ids, vocab):
+    # The projector takes the pixel-shuffled patches: 4 x hidden_size wide, its intermediate size.
+    vision = dict(model_type="llama4_vision_model", hidden_size=WIDTH, image_size=56, initializer_range=0.02,
+                  intermediate_size=4 * WIDTH, norm_eps=1e-5, num_attention_heads=2, num_channels=3,
+                  num_hidden_layers=1, patch_size=14, pixel_shuffle_ratio=0.5, projector_dropout=0.0,
+                  projector_input_dim=WIDTH, projector_output_dim=WIDTH, rope_theta=10000.0,
+                  vision_feature_layer=-1, vision_feature_select_strategy="default", vision_output_dim=WIDTH)
+    return {"model_type": "llama4",
+            "text_config": shrink(m.TextConfig, model_type="llama4_text", vocab_size=vocab, num_experts_per_tok=1,
+                                  # chunks longer than a test's prompt: the text sees the image (with two
+                                  # layers, none of them global); the cache is still Llama 4's chunked one
+                                  intermediate_size_mlp=2 * WIDTH, attention_chunk_size=4096,
+                                  bos_token_id=ids["<|begin_of_text|>"], eos_token_id=ids["<|eot|>"],
+                                  pad_token_id=ids["<|finetune_right_pad_id|>"]),
+            "vision_config": vision, "image_token_index": ids["<|patch|>"], "vocab_size": vocab,
+            "eos_token_id": [ids["<|eot|>"]]}
+
+
+_add("llama4", Recipe(
+    specials=LLAMA4_SPECIALS, eos="<|eot|>", config=_llama4, named={"bos_token": "<|begin_of_text|>"},
+    template=_turns("{{ '<|header_start|>' + message['role'] + '<|header_end|>\\n\\n' }}", "<|image|>", "<|eot|>",
+                    "<|header_start|>assistant<|header_end|>\\n\\n", start="{{ bos_token }}"),
+    files={"preprocessor_config.json": {"size": {"height": 56, "width": 56}, "max_patches": 1,
+                                        "image_mean": [0.5] * 3, "image_std": [0.5] * 3}}))
+
+
+# ---- GLM-4V: Qwen-like patches and mRoPE, <|begin_of_image|><|image|><|end_of_image|>
+
+GLM_SPECIALS = ["<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|begin_of_image|>",
+                "<|end_of_image|>", "<|image|>", "<|begin_of_video|>", "<|end_of_video|>", "<|video|>"]
+GLM_TEMPLATE = _turns("{{ '<|' + message['role'] + '|>\\n' }}", "<|begin_of_image|><|image|><|end_of_image|>", "",
+                      "<|assistant|>\\n", start="[gMASK]<sop>")
+
+
+def _glm_shared(m, vision_type: str, ids, vocab) -> dict:
+    """What the GLM-4V and GLM-OCR configs share: the vision tower and most token ids."""
+    return {"vision_config": shrink(m.VisionConfig, model_type=vision_type, patch_size=14, image_size=56,
+                                    spatial_merge_size=2, temporal_patch_size=2),
+            "image_token_id": ids["<|image|>"], "video_token_id": ids["<|video|>"], "vocab_size": vocab,
+            "hidden_size": WIDTH, "pad_token_id": ids["<|endoftext|>"], "eos_token_id": _glm_eos(ids)}
+
+
+def _glm_eos(ids) -> list:
+    return [ids["<|endoftext|>"], ids["<|user|>"]]
+
+
+def _glm(family: str, text: dict) -> Callable:
+    def config(m, ids, vocab):
+        return {"model_type": family,
+                "text_config": shrink(m.TextConfig, model_type=family, vocab_size=vocab, partial_rotary_factor=0.5,
+                                      rope_scaling={"rope_type": "default", "mrope_section": [2, 1, 1]},
+                                      eos_token_id=_glm_eos(ids), **text),
+                **_glm_shared(m, family, ids, vocab),
+                "image_token_index": ids["<|image|>"], "video_token_index": ids["<|video|>"],
+                "vision_start_token_id": ids["<|begin_of_image|>"], "vision_end_token_id": ids["<|end_of_image|>"]}
+    return config
+
+
+GLM_FILES = {"preprocessor_config.json": {
+    "image_processor_type": "Glm4vImageProcessor", "size": {"shortest_edge": 4 * 28 * 28, "longest_edge": 64 * 28 * 28},
+    "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2, "image_mean": CLIP_MEAN, "image_std": CLIP_STD,
+    "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True}}
+
+_add("glm4v", Recipe(specials=GLM_SPECIALS, eos="<|endoftext|>", template=GLM_TEMPLATE, config=_glm("glm4v", {}),
+                     files=GLM_FILES))
+_add("glm4v_moe", Recipe(specials=GLM_SPECIALS, eos="<|endoftext|>", template=GLM_TEMPLATE, files=GLM_FILES,
+                         config=_glm("glm4v_moe", {"use_qk_norm": False, "attention_bias": False,
+                                                   "n_routed_experts": 4, "moe_intermediate_size": WIDTH})))
+
+
+# ---- Kimi-VL: MoonViT tower, a DeepSeek-V3 (latent attention, MoE) text model
+
+KIMI_SPECIALS = ["<|endoftext|>", "<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>",
+                 "<|media_start|>", "<|media_content|>", "<|media_end|>", "<|media_pad|>"]
+
+
+def _kimi(m, ids, vocab):
+    return {"model_type": "kimi_vl",
+            "text_config": shrink(m.TextConfig, model_type="deepseek_v3", vocab_size=vocab, q_lora_rank=None,
+                                  n_routed_experts=4, moe_layer_freq=1),
+            "vision_config": shrink(m.VisionConfig, model_type="moonvit", patch_size=14, init_pos_emb_height=8,
+                                    init_pos_emb_width=8, merge_kernel_size=[2, 2]),
+            "media_placeholder_token_id": ids["<|media_pad|>"], "vocab_size": vocab,
+            "eos_token_id": ids["<|im_end|>"]}
+
+
+_add("kimi_vl", Recipe(
+    specials=KIMI_SPECIALS, eos="<|im_end|>", config=_kimi,
+    template=_turns("{{ ('<|im_user|>' if message['role'] == 'user' else '<|im_assistant|>') + message['role']"
+                    " + '<|im_middle|>' }}", "<|media_start|>image<|media_content|><|media_pad|><|media_end|>",
+                    "<|im_end|>", "<|im_assistant|>assistant<|im_middle|>")))
+
+
+# ---- InternVL: InternViT tower, pixel shuffle, <img><IMG_CONTEXT>...</img>, a Qwen text model
+
+INTERN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>"]
+INTERN_TEMPLATE = _turns("{{ '<|im_start|>' + message['role'] + '\\n' }}", "<image>\\n", "<|im_end|>\\n",
+                         "<|im_start|>assistant\\n")
+
+
+def _internvl(family: str, text_type: str, vision_type: str) -> Callable:
+    def config(m, ids, vocab):
+        image = {"image_token_id": ids["<IMG_CONTEXT>"]} if family == "internvl" else \
+            {"image_token_index": ids["<IMG_CONTEXT>"]}
+        return {"model_type": family,
+                "text_config": shrink(m.TextConfig, model_type=text_type, vocab_size=vocab),
+                "vision_config": shrink(m.VisionConfig, model_type=vision_type, patch_size=14, image_size=56),
+                "downsample_ratio": 0.5, "max_dynamic_patch": 1, "min_dynamic_patch": 1, "use_thumbnail": False,
+                "vocab_size": vocab, "eos_token_id": ids["<|im_end|>"], **image}
+    return config
+
+
+_add("internvl", Recipe(specials=INTERN_SPECIALS, eos="<|im_end|>", template=INTERN_TEMPLATE,
+                        config=_internvl("internvl", "qwen3", "internvl_vision"),
+                        files={"processor_config.json": {"image_seq_length": 4}}))
+_add("internvl_chat", Recipe(specials=INTERN_SPECIALS, eos="<|im_end|>", template=INTERN_TEMPLATE,
+                             config=_internvl("internvl_chat", "qwen2", "intern_vit_6b"),
+                             files={"processor_config.json": {"num_image_token": 4}}))
+
+
+# ---- Gemma 4: its own tower (pooled patches), per-layer inputs, a Gemma 4 text model
+
+GEMMA4_SPECIALS = ["<pad>", "<eos>", "<bos>", "<turn|>", "<|turn>", "<|image>", "<image|>", "<|image|>", "<|audio>",
+                   "<audio|>", "<|audio|>", "<|video|>"]
+
+
+def _gemma4(m, ids, vocab):
+    text = shrink(m.TextConfig, model_type="gemma4_text", vocab_size=vocab, vocab_size_per_layer_input=vocab,
+                  global_head_dim=16, hidden_size_per_layer_input=8, num_kv_shared_layers=0, sliding_window=16,
+                  sliding_window_pattern=2, layer_types=["sliding_attention", "full_attention"],
+                  use_double_wide_mlp=False, tie_word_embeddings=True)
+    vision = shrink(m.VisionConfig, model_type="gemma4_vision", num_key_value_heads=2, head_dim=16,
+                    global_head_dim=16, patch_size=14, pooling_kernel_size=2, default_output_length=4,
+                    position_embedding_size=64)
+    return {"model_type": "gemma4", "text_config": text, "vision_config": vision, "vocab_size": vocab,
+            "image_token_id": ids["<|image|>"], "boi_token_id": ids["<|image>"], "eoi_token_id": ids["<image|>"],
+            "audio_token_id": ids["<|audio|>"], "boa_token_id": ids["<|audio>"], "eoa_token_id": ids["<audio|>"],
+            "video_token_id": ids["<|video|>"], "vision_soft_tokens_per_image": 4, "hidden_size": WIDTH,
+            "pad_token_id": ids["<pad>"], "eos_token_id": [ids["<eos>"], ids["<turn|>"]], "tie_word_embeddings": True}
+
+
+_add("gemma4", Recipe(
+    specials=GEMMA4_SPECIALS, eos="<turn|>", config=_gemma4, named={"bos_token": "<bos>"}, scale=8.0,
+    unscaled=("embed_tokens",),
+    template=_turns("{{ '<|turn>' + message['role'] + '\\n' }}", "<|image|>", "<turn|>\\n", "<|turn>model\\n",
+                    start="{{ bos_token }}", video="<|video|>"),
+    tokenizer_config={"extra_special_tokens": {"image_token": "<|image|>", "boi_token": "<|image>",
+                                               "eoi_token": "<image|>", "audio_token": "<|audio|>",
+                                               "boa_token": "<|audio>", "eoa_token": "<audio|>",
+                                               "video_token": "<|video|>"}},
+    files={"processor_config.json": {"image_processor": {"patch_size": 14, "max_soft_tokens": 4,
+                                                          "pooling_kernel_size": 2},
+                                      # 70 soft tokens a frame: the fewest its video processor allows
+                                      "video_processor": {"patch_size": 14, "max_soft_tokens": 70,
+                                                          "pooling_kernel_size": 2, "num_frames": 2}}}))
+
+
+# ---- Idefics2: SigLIP-like tower, a perceiver resampler to a fixed number of latents, a Mistral text model
+
+def _idefics2(m, ids, vocab):
+    return {"model_type": "idefics2", "architectures": ["Idefics2ForConditionalGeneration"],
+            "text_config": shrink(m.TextConfig, model_type="mistral", vocab_size=vocab),
+            "vision_config": shrink(m.VisionConfig, model_type="idefics2", patch_size=14, image_size=56),
+            "perceiver_config": {"model_type": "idefics2Perceiver", "num_key_value_heads": 1, "resampler_depth": 1,
+                                 "resampler_head_dim": 16, "resampler_n_heads": 2, "resampler_n_latents": 4},
+            "image_token_id": ids["<image>"], "vocab_size": vocab, "eos_token_id": [ids["<end_of_utterance>"]]}
+
+
+_add("idefics2", Recipe(
+    specials=["<|endoftext|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>"],
+    eos="<end_of_utterance>", template=IDEFICS3_TEMPLATE, config=_idefics2,
+    files={"preprocessor_config.json": {
+        "image_processor_type": "Idefics2ImageProcessor", "processor_class": "Idefics2Processor", "do_resize": True,
+        "size": {"shortest_edge": 56, "longest_edge": 56}, "do_image_splitting": False, "do_rescale": True,
+        "do_normalize": True, "do_convert_rgb": True, "do_pad": True, "image_mean": [0.5] * 3,
+        "image_std": [0.5] * 3, "resample": 2},
+        "processor_config.json": {"processor_class": "Idefics2Processor", "image_seq_len": 4}}))
+
+
+# ---- LLaVA-NeXT: LLaVA with any-resolution tiles
+
+def _llava_next(m, ids, vocab):
+    return {**_llava(m, ids, vocab), "model_type": "llava_next", "architectures": ["LlavaNextForConditionalGeneration"],
+            "image_grid_pinpoints": [[56, 56], [56, 112], [112, 56]]}
+
+
+_add("llava_next", Recipe(
+    specials=["<|endoftext|>", "<|im_end|>", "<image>"], eos="<|im_end|>", template=LLAVA_TEMPLATE,
+    config=_llava_next,
+    files={"preprocessor_config.json": {
+        "image_processor_type": "LlavaNextImageProcessor", "processor_class": "LlavaNextProcessor",
+        "size": {"shortest_edge": 56}, "crop_size": {"height": 56, "width": 56},
+        "image_grid_pinpoints": [[56, 56], [56, 112], [112, 56]], "do_resize": True, "do_center_crop": True,
+        "do_rescale": True, "do_normalize": True, "do_convert_rgb": True, "do_pad": True, "image_mean": CLIP_MEAN,
+        "image_std": CLIP_STD, "resample": 3},
+        "processor_config.json": {"processor_class": "LlavaNextProcessor", "patch_size": 14, "image_token": "<image>",
+                                  "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1}}))
+
+
+# ---- Llama 3.2 Vision (mllama): tiled images, text layers cross-attending to the image
+
+MLLAMA_SPECIALS = ["<|finetune_right_pad_id|>", "<|eot_id|>", "<|begin_of_text|>", "<|start_header_id|>",
+                   "<|end_header_id|>", "<|image|>"]
+
+
+def _mllama(m, ids, vocab):
+    # Up to 4 tiles of 2 x 2 patches (the library's default tiling, on 28-pixel tiles).
+    vision = dict(image_size=28, patch_size=14, hidden_size=WIDTH, intermediate_size=2 * WIDTH, num_hidden_layers=2,
+                  num_attention_heads=2, num_global_layers=1, intermediate_layers_indices=[0],
+                  vision_output_dim=2 * WIDTH)
+    return {"model_type": "mllama", "architectures": ["MllamaForConditionalGeneration"],
+            "text_config": shrink(m.TextConfig, model_type="mllama", vocab_size=vocab, cross_attention_layers=[1],
+                                  num_hidden_layers=3),
+            "vision_config": vision, "image_token_index": ids["<|image|>"], "vocab_size": vocab,
+            "eos_token_id": [ids["<|eot_id|>"]]}
+
+
+_add("mllama", Recipe(
+    specials=MLLAMA_SPECIALS, eos="<|eot_id|>", config=_mllama, named={"bos_token": "<|begin_of_text|>"},
+    template=_turns("{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' }}", "<|image|>",
+                    "<|eot_id|>", "<|start_header_id|>assistant<|end_header_id|>\\n\\n", start="{{ bos_token }}"),
+    files={"preprocessor_config.json": {
+        "image_processor_type": "MllamaImageProcessor", "processor_class": "MllamaProcessor",
+        "size": {"height": 28, "width": 28}, "max_image_tiles": 4, "do_resize": True, "do_rescale": True,
+        "do_normalize": True, "do_convert_rgb": True, "do_pad": True, "image_mean": CLIP_MEAN,
+        "image_std": CLIP_STD, "resample": 2}}))
+
+
+# ---- GLM-OCR: the GLM-4V layout, its own token names
+
+def _glm_ocr(m, ids, vocab):
+    return {"model_type": "glm_ocr",
+            "text_config": shrink(m.TextConfig, model_type="glm_ocr_text", vocab_size=vocab, num_nextn_predict_layers=0,
+                                  rope_parameters={"rope_type": "default", "mrope_section": [4, 2, 2],
+                                                   "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+                                  eos_token_id=_glm_eos(ids), pad_token_id=ids["<|endoftext|>"], dtype="float32"),
+            **_glm_shared(m, "glm_ocr_vision", ids, vocab),
+            "image_start_token_id": ids["<|begin_of_image|>"], "image_end_token_id": ids["<|end_of_image|>"],
+            "video_start_token_id": ids["<|begin_of_video|>"], "video_end_token_id": ids["<|end_of_video|>"]}
+
+
+_add("glm_ocr", Recipe(specials=GLM_SPECIALS, eos="<|endoftext|>", template=GLM_TEMPLATE, config=_glm_ocr,
+                       files={"preprocessor_config.json": {**GLM_FILES["preprocessor_config.json"],
+                                                           "min_pixels": 4 * 28 * 28, "max_pixels": 64 * 28 * 28}}))
+
+
+# ---- PaddleOCR-VL: a NaViT-style tower, Qwen-like positions, an ERNIE text model
+
+PADDLE_SPECIALS = ["<|endoftext|>", "<|end_of_sentence|>", "<|IMAGE_START|>", "<|IMAGE_END|>", "<|IMAGE_PLACEHOLDER|>",
+                   "<|VIDEO_PLACEHOLDER|>", "User:", "Assistant:"]
+
+
+def _paddle(m, ids, vocab):
+    # Text parameters at the top level, where its config reads them; 1024 wide, the width its
+    # vision projector writes whatever the config says (narrow heads and MLP keep it small).
+    return {**shrink(m.TextConfig, model_type="paddleocr_vl", vocab_size=vocab, head_dim=16, use_bias=False,
+                     hidden_size=1024,
+                     hidden_act="silu", rope_scaling={"type": "default", "mrope_section": [4, 2, 2]},
+                     pad_token_id=ids["<|endoftext|>"], bos_token_id=ids["<|endoftext|>"]),
+            "vision_config": shrink(m.VisionConfig, model_type="paddleocr_vl", patch_size=14, image_size=56),
+            "image_token_id": ids["<|IMAGE_PLACEHOLDER|>"], "video_token_id": ids["<|VIDEO_PLACEHOLDER|>"],
+            "vision_start_token_id": ids["<|IMAGE_START|>"], "vision_end_token_id": ids["<|IMAGE_END|>"],
+            "vocab_size": vocab, "eos_token_id": ids["<|end_of_sentence|>"]}
+
+
+_add("paddleocr_vl", Recipe(
+    specials=PADDLE_SPECIALS, eos="<|end_of_sentence|>", config=_paddle,
+    template=_turns("{{ message['role'].capitalize() + ': ' }}",
+                    "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>", "\\n", "Assistant: "),
+    files={"preprocessor_config.json": {"min_pixels": 4 * 28 * 28, "max_pixels": 64 * 28 * 28, "patch_size": 14,
+                                        "temporal_patch_size": 1, "merge_size": 2, "image_mean": [0.5] * 3,
+                                        "image_std": [0.5] * 3, "do_resize": True, "do_rescale": True,
+                                        "do_normalize": True, "do_convert_rgb": True}}))
+
+
+# ---- LLaVA-OneVision: SigLIP tower, a Qwen2 text model, any-resolution tiles
+
+def _llava_onevision(m, ids, vocab):
+    return {"model_type": "llava_onevision", "architectures": ["LlavaOnevisionForConditionalGeneration"],
+            "text_config": shrink(m.TextConfig, model_type="qwen2", vocab_size=vocab),
+            "vision_config": shrink(m.VisionConfig, model_type="siglip_vision_model", image_size=56, patch_size=14),
+            "image_token_index": ids["<image>"], "video_token_index": ids["<video>"],
+            "image_grid_pinpoints": [[56, 56], [56, 112], [112, 56]], "vision_aspect_ratio": "anyres_max_9",
+            "vocab_size": vocab, "eos_token_id": ids["<|im_end|>"]}
+
+
+_add("llava_onevision", Recipe(
+    specials=["<|endoftext|>", "<|im_end|>", "<image>", "<video>"], eos="<|im_end|>", template=LLAVA_TEMPLATE,
+    config=_llava_onevision,
+    files={"preprocessor_config.json": {
+        "image_processor_type": "LlavaOnevisionImageProcessor", "processor_class": "LlavaOnevisionProcessor",
+        "size": {"height": 56, "width": 56}, "image_grid_pinpoints": [[56, 56], [56, 112], [112, 56]],
+        "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True, "do_pad": True,
+        "image_mean": [0.5] * 3, "image_std": [0.5] * 3, "resample": 3},
+        "processor_config.json": {"processor_class": "LlavaOnevisionProcessor", "num_image_tokens": 16,
+                                  "image_token": "<image>", "video_token": "<video>",
+                                  "vision_feature_select_strategy": "full"}}))
+
+
+# ---- Aya Vision: SigLIP tower, pixel shuffle, a Cohere 2 text model, tiled images
+
+AYA_SPECIALS = ["<PAD>", "<|END_OF_TURN_TOKEN|>", "<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>",
+                "<|IMG_LINE_BREAK|>", "<|START_OF_TURN_TOKEN|>", "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>"]
+
+
+def _aya(m, ids, vocab):
+    return {"model_type": "aya_vision", "architectures": ["AyaVisionForConditionalGeneration"],
+            "text_config": shrink(m.TextConfig, model_type="cohere2", vocab_size=vocab, sliding_window=4096,
+                                  sliding_window_pattern=2, eos_token_id=ids["<|END_OF_TURN_TOKEN|>"],
+                                  pad_token_id=ids["<PAD>"], bos_token_id=ids["<PAD>"]),
+            "vision_config": shrink(m.VisionConfig, model_type="siglip_vision_model", image_size=56, patch_size=14),
+            "image_token_index": ids["<|IMG_PATCH|>"], "downsample_factor": 2, "alignment_intermediate_size": WIDTH,
+            "max_splits_per_img": 2, "vocab_size": vocab, "eos_token_id": ids["<|END_OF_TURN_TOKEN|>"]}
+
+
+_add("aya_vision", Recipe(
+    specials=AYA_SPECIALS, eos="<|END_OF_TURN_TOKEN|>", config=_aya,
+    template=_turns("{{ '<|START_OF_TURN_TOKEN|><|USER_TOKEN|>' }}", "<image>", "<|END_OF_TURN_TOKEN|>",
+                    "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"),
+    files={"preprocessor_config.json": {
+        "image_processor_type": "GotOcr2ImageProcessor", "processor_class": "AyaVisionProcessor",
+        "size": {"height": 56, "width": 56}, "crop_to_patches": True, "min_patches": 1, "max_patches": 2,
+        "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True,
+        "image_mean": [0.5] * 3, "image_std": [0.5] * 3, "resample": 3},
+        "processor_config.json": {"processor_class": "AyaVisionProcessor", "patch_size": 14, "img_size": 56,
+                                  "downsample_factor": 2, "image_token": "<image>"}}))
+
+
+# ---- Mage-VL: the Qwen-VL tokens and image processor (patches of 16, one frame), a Qwen3 text model
+
+def _mage_vl(m, ids, vocab):
+    return {"model_type": "mage_vl", "text_config": shrink(m.TextConfig, model_type="qwen3", vocab_size=vocab),
+            "vision_config": shrink(m.VisionConfig, model_type="mage_vl_vision", patch_size=16, image_size=64,
+                                    text_hidden_size=WIDTH, num_attention_heads=1),  # 3-D rope: head 32 wide
+            "vocab_size": vocab, **_qwen_ids(ids)}
+
+
+_add("mage_vl", Recipe(**QWEN, config=_mage_vl,
+                       files={"preprocessor_config.json": {**_qwen_preprocessor(16), "temporal_patch_size": 1}}))
+
+
+# ---- LFM2-VL: a SigLIP 2 (NaFlex) tower, pixel unshuffle, an LFM2 text model (short convolutions and attention)
+
+LFM2_SPECIALS = ["<|pad|>", "<|im_end|>", "<|im_start|>", "<image>", "<|image_start|>", "<|image_end|>",
+                 "<|img_thumbnail|>"]
+_LFM2_IMAGES = {"min_image_tokens": 4, "max_image_tokens": 16, "tile_size": 64, "encoder_patch_size": 16,
+                "downsample_factor": 2, "max_num_patches": 64}
+
+
+def _lfm2_vl(m, ids, vocab):
+    text = shrink(m.TextConfig, model_type="lfm2", vocab_size=vocab, block_dim=WIDTH, block_ff_dim=2 * WIDTH,
+                  conv_dim=WIDTH, conv_dim_out=WIDTH, num_heads=2, block_auto_adjust_ff_dim=False,
+                  layer_types=["conv", "full_attention"], eos_token_id=ids["<|im_end|>"])
+    vision = shrink(m.VisionConfig, model_type="siglip2_vision_model", patch_size=16, num_patches=64)
+    return {"model_type": "lfm2-vl", "text_config": text, "vision_config": vision, "vocab_size": vocab,
+            "image_token_id": ids["<image>"], "projector_hidden_size": WIDTH, "eos_token_id": ids["<|im_end|>"],
+            **_LFM2_IMAGES}
+
+
+# Scaled 1.5x, not 4x: larger, its attention saturates and the image no longer reaches the text.
+_add("lfm2_vl", Recipe(
+    specials=LFM2_SPECIALS, eos="<|im_end|>", config=_lfm2_vl, scale=1.5,
+    template=INTERN_TEMPLATE.replace("<image>\\n", "<image>"),  # ChatML, the image before the text
+    files={"preprocessor_config.json": {"image_processor_type": "Lfm2VlImageProcessor",
+                                        "processor_class": "Lfm2VlProcessor", "image_mean": [0.5] * 3,
+                                        "image_std": [0.5] * 3, "do_rescale": True, "do_normalize": True,
+                                        "do_pad": True, "resample": 2, **_LFM2_IMAGES}}))
+
+
+# ---- Granite Vision: LLaVA-NeXT's tiles on a SigLIP tower, a Granite text model
+
+def _granite_vision(m, ids, vocab):
+    return {"model_type": "granite_vision",
+            "text_config": shrink(m.TextConfig, model_type="granite", vocab_size=vocab,
+                                  # plain scales (a checkpoint's 12x embeddings and 0.22x residuals
+                                  # drown a random tower's image)
+                                  embedding_multiplier=1.0, residual_multiplier=1.0, attention_multiplier=0.25,
+                                  logits_scaling=1.0),
+            "vision_config": shrink(m.VisionConfig, model_type="siglip_vision_model", image_size=56, patch_size=14),
+            "image_token_index": ids["<image>"], "vision_feature_select_strategy": "full",
+            "vision_feature_layer": -1, "image_grid_pinpoints": [[56, 56], [56, 112], [112, 56]],
+            "vocab_size": vocab, "eos_token_id": [ids["<|im_end|>"]]}
+
+
+_LLAVA_NEXT = RECIPES["llava_next"]
+_add("granite_vision", Recipe(
+    specials=_LLAVA_NEXT.specials, eos="<|im_end|>", template=LLAVA_TEMPLATE, config=_granite_vision,
+    files={"preprocessor_config.json": {**_LLAVA_NEXT.files["preprocessor_config.json"], "image_mean": [0.5] * 3,
+                                        "image_std": [0.5] * 3},
+           "processor_config.json": {**_LLAVA_NEXT.files["processor_config.json"],
+                                     "vision_feature_select_strategy": "full", "num_additional_image_tokens": 0}}))
+
+
+# ---- Bunny (llava-qwen2): SigLIP at mlx-vlm's fixed 384 pixels, a Qwen2 text model, the image spliced in at
+# <image> as id -200 (the text parameters at the top level, as its checkpoints have them)
+
+def _llava_bunny(m, ids, vocab):
+    return {**shrink(m.TextConfig, model_type="qwen2", vocab_size=vocab), "model_type": "llava-qwen2",
+            "vision_config": shrink(m.VisionConfig, model_type="siglip_vision_model", image_size=384, patch_size=14),
+            "auto_map": {}, "mm_hidden_size": WIDTH, "eos_token_id": [ids["<|im_end|>"]]}
+
+
+_add("llava_bunny", Recipe(specials=["<|endoftext|>", "<|im_end|>", "<image>"], eos="<|im_end|>",
+                           template=LLAVA_TEMPLATE, config=_llava_bunny))
+
+
+# ---- Kimi K2.5: Kimi-VL's tokens and MoonViT (3-D patches), a DeepSeek-V3 text model, its own processor
+
+def _kimi_k25(m, ids, vocab):
+    return {**_kimi(m, ids, vocab), "model_type": "kimi_k25",
+            "vision_config": shrink(m.VisionConfig, model_type="moonvit", patch_size=14, init_pos_emb_height=8,
+                                    init_pos_emb_width=8, merge_kernel_size=[2, 2])}
+
+
+_add("kimi_k25", Recipe(
+    specials=KIMI_SPECIALS, eos="<|im_end|>", config=_kimi_k25, template=RECIPES["kimi_vl"].template,
+    files={"preprocessor_config.json": {"media_proc_cfg": {"patch_size": 14, "in_patch_limit": 64,
+                                                           "merge_kernel_size": [2, 2], "image_mean": [0.5] * 3,
+                                                           "image_std": [0.5] * 3}}}))
+
+
+# ---- Phi-4 multimodal: mlx-vlm's own NaFlex image processor on a SigLIP 2 tower, a Phi-4 text model (its
+# parameters at the top level), a Conformer audio encoder (sized by audio_processor), the image at <image> as -200
+
+def _phi4mm(m, ids, vocab):
+    audio = {"attention_dim": WIDTH, "attention_heads": 2, "num_blocks": 1, "linear_units": 2 * WIDTH,
+             "ext_pw_out_channel": WIDTH, "depthwise_seperable_out_channel": WIDTH, "conv_channels": WIDTH}
+    return {**shrink(m.ModelConfig, TEXT), "model_type": "phi4mm", "vocab_size": vocab,
+            "vision_config": shrink(m.VisionConfig, num_hidden_layers=2, patch_size=14, image_size=56),
+            "mm_hidden_size": WIDTH, "min_num_patches": 4, "max_num_patches": 16,
+            "audio_processor": {"config": audio}, "tie_word_embeddings": False,
+            "eos_token_id": ids["<|end|>"], "pad_token_id": ids["<|endoftext|>"]}
+
+
+_add("phi4mm", Recipe(specials=["<|endoftext|>", "<|end|>", "<|user|>", "<|assistant|>", "<image>"], eos="<|end|>",
+                      template=_turns("{{ '<|' + message['role'] + '|>' }}", "<image>", "<|end|>", "<|assistant|>"),
+                      config=_phi4mm))
+
+
+# ---- DeepSeek-VL2: tiled SigLIP (a global view, then local tiles, 2x2 downsampled), a DeepSeek-V2 MoE text
+# model; its own processor reads processor_config.json and adds its chat and grounding tokens itself
+
+DEEPSEEK_SPECIALS = ["<｜▁pad▁｜>", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<image>", "<|User|>",
+                     "<|Assistant|>"]
+DEEPSEEK_TEMPLATE = _turns("{{ '<|' + message['role'].capitalize() + '|>: ' }}", "<image>\\n",
+                           "\\n\\n", "<|Assistant|>:")
+_DEEPSEEK_TILE = 32  # pixels of a tile: 4x4 patches of 8, 2x2 image tokens after the downsample
+
+
+def _deepseek_vl_v2(m, ids, vocab):
+    return {"model_type": "deepseek_vl_v2",
+            "text_config": shrink(m.TextConfig, model_type="deepseek_v2", vocab_size=vocab),
+            "vision_config": {"model_type": "vision", "layers": 1, "width": WIDTH, "num_attention_heads": 2,
+                              "mlp_ratio": 2.0, "image_size": _DEEPSEEK_TILE, "patch_size": 8},
+            "projector_config": {"projector_type": "downsample_mlp_gelu", "input_dim": WIDTH, "n_embed": WIDTH,
+                                 "depth": 2, "downsample_ratio": 2},
+            "image_token_index": ids["<image>"], "pad_id": ids["<｜▁pad▁｜>"], "vocab_size": vocab,
+            "eos_token_id": [ids["<｜end▁of▁sentence｜>"]]}
+
+
+_add("deepseek_vl_v2", Recipe(
+    specials=DEEPSEEK_SPECIALS, eos="<｜end▁of▁sentence｜>", template=DEEPSEEK_TEMPLATE, config=_deepseek_vl_v2,
+    named={"bos_token": "<｜begin▁of▁sentence｜>"},
+    # One tile, two side by side, two stacked (the first is the tile's size): the test's landscape and portrait
+    # pictures take different prompt lengths.
+    files={"processor_config.json": {"candidate_resolutions": [[_DEEPSEEK_TILE, _DEEPSEEK_TILE],
+                                                               [2 * _DEEPSEEK_TILE, _DEEPSEEK_TILE],
+                                                               [_DEEPSEEK_TILE, 2 * _DEEPSEEK_TILE]], "patch_size": 8,
+                                     "downsample_ratio": 2, "image_token": "<image>", "pad_token": "<｜▁pad▁｜>"}}))
+
+
+# ---- Janus / DeepSeek-VL (multi_modality): a SigLIP tower (the plain one; the hybrid SAM+SigLIP tower is the
+# other choice), an MLP aligner, a Llama text model. The processor repeats <image> num_image_tokens times and the
+# model splices the features over that run, so both counts are the tower's patches.
+
+_JANUS_SIZE, _JANUS_PATCH = 32, 8
+
+
+def _multi_modality(m, ids, vocab):
+    return {"model_type": "multi_modality",
+            "text_config": shrink(m.TextConfig, model_type="llama", vocab_size=vocab),
+            "vision_config": shrink(m.VisionConfig, model_type="vision", cls="CLIPVisionTower",
+                                    # the image processor reads its size only from here (else 384 pixels)
+                                    params={"high_res_cfg": {"image_size": _JANUS_SIZE, "pixel_mean": [0.5] * 3,
+                                                             "pixel_std": [0.5] * 3}},
+                                    image_size=_JANUS_SIZE, patch_size=_JANUS_PATCH),
+            "aligner_config": {"cls": "MlpProjector", "model_type": "aligner",
+                               "params": {"projector_type": "mlp_gelu", "depth": 2}},
+            "image_token_index": ids["<image>"], "pad_id": ids["<｜▁pad▁｜>"], "vocab_size": vocab,
+            "num_image_tokens": (_JANUS_SIZE // _JANUS_PATCH) ** 2, "eos_token_id": [ids["<｜end▁of▁sentence｜>"]]}
+
+
+_add("multi_modality", Recipe(
+    specials=DEEPSEEK_SPECIALS, eos="<｜end▁of▁sentence｜>", template=DEEPSEEK_TEMPLATE, config=_multi_modality,
+    named={"bos_token": "<｜begin▁of▁sentence｜>"},
+    files={"processor_config.json": {"processor_class": "MultiModalityProcessor",
+                                     "num_image_tokens": (_JANUS_SIZE // _JANUS_PATCH) ** 2}}))
+
+
+# ---- GOT-OCR 2.0: a SAM-like tower (its image processor always resizes to 1024 pixels; two stride-2 convolutions
+# make the 64x64 patch grid the fixed 256 <imgpad> its prompt holds), a Qwen2 text model, the config flat. Like the
+# real checkpoints, no chat template: mlx-vlm then prompts with the bare question and the processor wraps it in
+# GOT's own conversation with the image's tokens (a templated prompt it leaves as it is, without them).
+
+GOT_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<img>", "</img>", "<imgpad>", "<image>"]
+
+
+def _got(m, ids, vocab):
+    return {**shrink(m.TextConfig, model_type="qwen2", vocab_size=vocab), "model_type": "got",
+            "vision_config": shrink(m.VisionConfig, model_type="got", depth=1, embed_dim=WIDTH, num_heads=2,
+                                    mlp_ratio=2.0, out_chans=16, out_dim=WIDTH, global_attn_indexes=[]),
+            "im_patch_token": ids["<imgpad>"], "im_start_token": ids["<img>"], "im_end_token": ids["</img>"],
+            "vocab_size": vocab, "eos_token_id": [ids["<|im_end|>"]]}
+
+
+_add("got", Recipe(specials=GOT_SPECIALS, eos="<|im_end|>", config=_got, template=None))
+
+
+# ---- Granite 4 Vision: LLaVA-NeXT's tiles on a SigLIP tower, windowed Q-Former projectors (one per deepstack
+# layer, four spatial ones) whose features are added at chosen text layers, a Granite text model. The Q-Former's
+# heads are its width over 64, so the tower is 64 wide.
+
+def _granite4_vision(m, ids, vocab):
+    return {"model_type": "granite4_vision",
+            "text_config": shrink(m.TextConfig, model_type="granite", vocab_size=vocab,
+                                  embedding_multiplier=1.0, residual_multiplier=1.0, attention_multiplier=0.25,
+                                  logits_scaling=1.0),  # plain scales, as for Granite Vision
+            "vision_config": shrink(m.VisionConfig, model_type="siglip_vision_model", image_size=56, patch_size=14,
+                                    hidden_size=64, intermediate_size=64),
+            "image_token_index": ids["<image>"], "vision_feature_select_strategy": "full",
+            "image_grid_pinpoints": [[56, 56], [56, 112], [112, 56]], "downsample_rate": "1/2",
+            "deepstack_layer_map": [[-1, 1]], "use_spatial_sampling": True, "spatial_target_layers": [0],
+            "vocab_size": vocab, "eos_token_id": [ids["<|im_end|>"]]}
+
+
+_add("granite4_vision", Recipe(
+    specials=_LLAVA_NEXT.specials, eos="<|im_end|>", template=LLAVA_TEMPLATE, config=_granite4_vision,
+    files={"preprocessor_config.json": RECIPES["granite_vision"].files["preprocessor_config.json"],
+           "processor_config.json": {**RECIPES["granite_vision"].files["processor_config.json"],
+                                     "downsample_rate": "1/2"}}))
+
+
+# ---- ERNIE 4.5 VL: a DFN-RoPE tower (Qwen-like patches of 14, merged 2x2), a resampler, an ERNIE 4.5 MoE text
+# model with 3-D RoPE; its tokenizer is a SentencePiece model (tokenizer.model), trained here on the same corpus.
+
+ERNIE_SPECIALS = ["<|IMAGE_START|>", "<|IMAGE_END|>", "<|IMAGE_PLACEHOLDER|>", "<|image@placeholder|>",
+                  "<|begin_of_sentence|>", "<|end_of_sentence|>", "<mask:1>", "<mask:7>"]
+# mlx-vlm hands ERNIE its images as image_url parts
+ERNIE_TEMPLATE = _turns("{{ message['role'].capitalize() + ': ' }}",
+                        "<|IMAGE_START|><|image@placeholder|><|IMAGE_END|>", "\\n", "Assistant: ").replace(
+    "part['type'] == 'image'", "part['type'] in ('image', 'image_url')")
+
+
+def _ernie_tokenizer(target, recipe):
+    import io
+
+    import sentencepiece as spm
+    from vision_fixture import CORPUS
+
+    from mlx_vlm.models.ernie4_5_moe_vl.processing_ernie4_5_moe_vl import Ernie4_5_VLTokenizer
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(CORPUS * 4), model_writer=model, vocab_size=400,
+                                   model_type="bpe", byte_fallback=True, user_defined_symbols=ERNIE_SPECIALS,
+                                   unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "tokenizer.model").write_bytes(model.getvalue())
+    (target / "tokenizer_config.json").write_text(json.dumps({"chat_template": recipe.template}))
+    return Ernie4_5_VLTokenizer(str(target / "tokenizer.model"), chat_template=recipe.template)
+
+
+def _ernie(m, ids, vocab):
+    text = shrink(m.TextConfig, vocab_size=vocab, head_dim=None, moe_num_experts=4, moe_layer_start_index=1,
+                  moe_layer_end_index=1, moe_k=2, moe_intermediate_size=WIDTH, mrope_section=[3, 3, 2],
+                  freq_allocation=2)
+    text.pop("head_dim")
+    patch = ids["<|IMAGE_PLACEHOLDER|>"]
+    return {**text, "model_type": "ernie4_5_moe_vl",
+            "vision_config": shrink(m.VisionConfig, depth=1, embed_dim=WIDTH, num_heads=2, mlp_ratio=2.0),
+            "pixel_hidden_size": WIDTH, "im_patch_id": patch, "image_token_id": patch, "video_token_id": patch,
+            "image_start_token_id": ids["<|IMAGE_START|>"], "image_end_token_id": ids["<|IMAGE_END|>"],
+            "vocab_size": vocab, "eos_token_id": [ids["</s>"]]}
+
+
+_add("ernie4_5_moe_vl", Recipe(specials=ERNIE_SPECIALS + ["</s>"], eos="</s>", template=ERNIE_TEMPLATE,
+                               config=_ernie, tokenizer=_ernie_tokenizer))
+
+
+# ---- PLaMo 2 VL: SigLIP tiles (no downsampling here: a tile's patches are its <plamo:image> tokens), a PLaMo 2
+# hybrid (Mamba and attention) text model. Its processor writes the prompt itself (a fixed Japanese instruction
+# template, the images' tokens first) and its tokenizer reads tokenizer.jsonl: rows [piece, score, kind], byte
+# pieces for what no piece covers. The one written here holds the corpus's characters and words.
+
+PLAMO_SPECIALS = ["<|plamo:unk|>", "<|plamo:bos|>", "<|plamo:eos|>", "<|plamo:pad|>", "<plamo:image>",
+                  "<siglip2:img>", "</siglip2:img>"]
+_PLAMO_TILE, _PLAMO_PATCH = 28, 14
+
+
+def _plamo_tokenizer(target, recipe):
+    from vision_fixture import CORPUS
+
+    from mlx_vlm.models.plamo2vl.processing import Plamo2Tokenizer
+
+    rows = [[t, 0.0, "CONTROL"] for t in PLAMO_SPECIALS] + [[f"<0x{b:02X}>", 0.0, "BYTE"] for b in range(256)]
+    words = sorted({p for line in CORPUS for w in line.split() for p in (w, " " + w)} | set("".join(CORPUS)))
+    rows += [[w, -1.0, "NORMAL"] for w in words]  # each piece costs the same: the fewest pieces win
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "tokenizer.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    (target / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|plamo:eos|>", "bos_token": "<|plamo:bos|>", "pad_token": "<|plamo:pad|>",
+         "unk_token": "<|plamo:unk|>", "additional_special_tokens": PLAMO_SPECIALS[4:]}))
+    return Plamo2Tokenizer.from_pretrained(target)
+
+
+def _plamo2vl(m, ids, vocab):
+    return {"model_type": "plamo2vl",
+            "text_config": shrink(m.TextConfig, model_type="plamo2", vocab_size=vocab, hidden_size_per_head=16,
+                                  mamba_d_state=8, mamba_num_heads=2, mamba_step=2, mamba_chunk_size=16,
+                                  attention_window_size=4096),
+            "vision_config": shrink(m.VisionConfig, image_size=_PLAMO_TILE, patch_size=_PLAMO_PATCH,
+                                    image_token_id=ids["<plamo:image>"], image_feature_size=WIDTH,
+                                    image_proj_hidden_size=WIDTH),
+            "image_token_index": ids["<plamo:image>"], "eos_token_id": [ids["<|plamo:eos|>"]]}
+
+
+_add("plamo2vl", Recipe(
+    specials=PLAMO_SPECIALS, eos="<|plamo:eos|>", template=None, config=_plamo2vl, tokenizer=_plamo_tokenizer,
+    files={"preprocessor_config.json": {
+        "image_processor_type": "SiglipImageProcessor", "size": {"height": _PLAMO_TILE, "width": _PLAMO_TILE},
+        "do_resize": True, "do_rescale": True, "do_normalize": True, "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
+        "patch_size": _PLAMO_PATCH, "max_image_width": 2 * _PLAMO_TILE, "max_image_height": 2 * _PLAMO_TILE,
+        "downsample_ratio": 1.0, "tile_context_length": 64}}))
