@@ -118,8 +118,9 @@ class Streams:
         return False
 
     def admit(self) -> None:
-        if self.waiting:
-            self.open().waiting(len(self.waiting))  # company: a stream running apart comes back
+        if not self.waiting:
+            return
+        self.open().waiting(len(self.waiting))  # company: a stream running apart comes back
         sizes = prefill_sizes(self.config, self.mx)
         while self.waiting and len(self.slots) < self.places():
             slot = self.waiting[0]  # stays in the queue, where a failure still finds it, until placed

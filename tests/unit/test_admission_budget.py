@@ -40,6 +40,14 @@ def test_a_first_chunk_fits_next_to_the_chunks_still_prefilling():
     assert not fits(slot(400), [slot(400)] * 8)  # 1024 + 128
 
 
+def test_a_pass_before_any_model_is_served_admits_nothing_and_does_not_fail():
+    """The engine's thread passes before its first swap: with none waiting, admission has no
+    config to read and must not ask for one (it failed a step once, in the peers' bench)."""
+    idle = streams.Streams([], {}, None)
+    idle.admit()
+    assert not idle.slots and not idle.waiting
+
+
 def test_the_step_budget_by_device():
     """One chunk a step on the CPU (this machine's device, asked for real); on a GPU the
     library's own bound, prefill_batch_size chunks; a set option wins on both."""
