@@ -119,9 +119,11 @@ TABLE = (
     Option("lane", choice("auto", "batch", "solo"), "auto",
            "which lane generates (auto: by the model's caches and a check at load)"),
     # Scheduling and memory
-    Option("max_sequences", integer(1, 1024), 8, "sequences decoded together"),
+    Option("max_sequences", integer(1, 1024), 64, "sequences decoded together, at most (the KV budget binds first)"),
     Option("prefill_step_size", integer(0, 1 << 16), 0, "prompt tokens per prefill chunk (0: by device)"),
     Option("prefill_batch_size", integer(1, 1024), 8, "prompts prefilled together"),
+    Option("prefill_step_tokens", integer(0, 1 << 20), 0,
+           "prompt tokens prefilled per decode step, new requests together (0: by device)"),
     Option("prompt_cache_bytes", integer(0, BYTES), None, "byte bound of the prefix KV cache"),
     Option("prompt_cache_entries", integer(1, 1 << 20), 64, "entry bound of the prefix KV cache"),
     Option("prompt_cache_disk_bytes", integer(0, BYTES), None, "byte bound of the prefix cache's disk tier (0: off)"),

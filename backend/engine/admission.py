@@ -1,7 +1,9 @@
 """Admission: which requests may wait, which may run, and how much KV each reserves.
 
 A request is refused at once when the queue is full or it could never fit the KV budget;
-otherwise it waits, in order, until a place in the batch and its KV reservation are free.
+otherwise it waits, in order, until its KV reservation is free (max_sequences is only an
+upper bound) and its first prefill chunk fits the step's prefill budget next to the requests
+still prefilling, so a step's cost stays bounded and running streams keep their pace.
 Engine thread only (the figures are the scheduler's).
 """
 
@@ -11,6 +13,11 @@ from typing import Optional
 from engine import kv_budget
 
 log = logging.getLogger("mlx-backend.engine")
+
+# An open-ended request reserves at most this share of the KV budget (fewer when fewer
+# places): max_sequences is an upper bound, not the expected company, so a share of
+# budget / max_sequences would cut such requests short for no one (1/8: the old default's).
+OPEN_ENDED_SHARES = 8
 
 
 class Admission:
@@ -36,7 +43,7 @@ class Admission:
             # requests one at a time: an open-ended one gets its share of the budget (or,
             # with a prompt longer than a share, the rest of the whole budget) and ends
             # "length" there, never past what was reserved.
-            share = self.budget // places // per_token - len(request.prompt)
+            share = self.budget // min(places, OPEN_ENDED_SHARES) // per_token - len(request.prompt)
             fits = share if share > 0 else self.budget // per_token - len(request.prompt)
             if 0 < fits < request.max_tokens:
                 request.max_tokens = fits
@@ -53,6 +60,18 @@ class Admission:
         if need > self.budget > 0:
             return kv_budget.refusal(len(request.prompt), request.max_tokens, per_token, self.budget)
         return None
+
+    @staticmethod
+    def prefill_fits(slot, running, sizes) -> bool:
+        """Whether its first prefill chunk fits one step's prefill budget next to the chunks of
+        the running requests still prefilling (always, when none is: it then runs alone
+        whatever its size). The budget is sizes.step_tokens while some stream decodes (its pace
+        is what the bound keeps), sizes.idle_tokens while none does (a burst arriving together
+        is prefilled together, as the library's batch_generate prefills it). Its prompt counts
+        whole: what the prefix cache serves is only known once it is admitted."""
+        pending = [min(len(s.request.prompt) - s.cached, sizes.step_size) for s in running if not s.t_first]
+        budget = sizes.step_tokens if len(pending) < len(running) else sizes.idle_tokens
+        return not pending or sum(pending) + min(len(slot.request.prompt), sizes.step_size) <= budget
 
     def fits(self, slot, running) -> bool:
         """Whether its KV reservation fits next to the running requests' (always, with no budget)."""

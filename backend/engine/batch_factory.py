@@ -7,7 +7,35 @@ lane_choice.py from the model's caches and a check), and wraps the choice
 the loading thread, for the check at load).
 """
 
+from dataclasses import dataclass
+
 from engine.lanes.batch import Batch
+
+# On the CPU a step prefills at most one chunk, all new requests together: ~1 s here at
+# 100-170 prefill tok/s, the stall the docs promise running streams. Two chunks (256) were
+# tried first: on the peers' trace every step then carried ~2 s of prefill (6 s on a loaded
+# machine) and running streams fell to a token every few seconds (docs/benchmarks.md).
+CPU_STEP_CHUNKS = 1
+
+
+@dataclass(frozen=True)
+class PrefillSizes:
+    step_size: int  # prompt tokens of one request per chunk (the batch generator's prefill_step_size)
+    step_tokens: int  # prompt tokens of all new requests in one step while streams decode (admission keeps to it)
+    idle_tokens: int  # the same while none decodes: the library's own bound, prefill_batch_size chunks
+
+
+def prefill_sizes(config, mx) -> PrefillSizes:
+    """The prefill chunk and the per-step prefill budget for this device.
+
+    Measured on a 2-core CPU: 66-87 tok/s prefill whatever the chunk from 64 to 512 tokens,
+    so a small chunk costs little and bounds the stall of running streams. On a GPU the
+    library's own bound is kept (a step prefills at most prefill_batch_size chunks: mlx-lm's
+    BatchGenerator), with a chunk of 512 rather than its 2048."""
+    cpu = mx.default_device() == mx.cpu
+    step = config.prefill_step_size or (128 if cpu else 512)
+    budget = config.prefill_step_tokens or step * (CPU_STEP_CHUNKS if cpu else config.prefill_batch_size)
+    return PrefillSizes(step, budget, max(budget, step * config.prefill_batch_size))
 
 
 def open_batch(lm, config, stream, mx, disk_bytes: int, speculate: bool) -> Batch:
@@ -27,9 +55,7 @@ def open_batch(lm, config, stream, mx, disk_bytes: int, speculate: bool) -> Batc
         lm, max_sequences=config.max_sequences,
         # A prompt prefilled alone is one no padding reaches (a recurrent state would fold it in).
         prefill_batch_size=1 if lane.prefill_alone else config.prefill_batch_size,
-        # Measured on a 2-core CPU: 66-87 tok/s prefill whatever the chunk from 64 to
-        # 512 tokens, so a small chunk costs little and bounds the stall of running streams.
-        prefill_step_size=config.prefill_step_size or (128 if mx.default_device() == mx.cpu else 512),
+        prefill_step_size=prefill_sizes(config, mx).step_size,
         prompt_cache_bytes=config.prompt_cache_bytes, prompt_cache_entries=config.prompt_cache_entries,
         prompt_cache_disk_bytes=disk_bytes, stream=stream)
     if speculate and batch.capabilities.speculate:

@@ -16,9 +16,13 @@ def _default_prompt_cache_bytes() -> int:
 @dataclass
 class EngineConfig:
     """How the engine serves a model: built from the load options (load_options), checked there."""
-    max_sequences: int = 8
+    # An upper bound a user may set; below it the KV budget decides (admission.py). 64 is twice
+    # what the library's own server decodes at once (mlx_lm.server: 32), so a trace of 32 never
+    # queues for a place (docs/benchmarks.md, "Admission by memory").
+    max_sequences: int = 64
     prefill_step_size: int = 0  # 0: 128 on the CPU (~1.5 s a chunk here), 512 on a GPU
     prefill_batch_size: int = 8
+    prefill_step_tokens: int = 0  # prompt tokens prefilled in one step, all new requests together; 0: by device
     prompt_cache_bytes: int = field(default_factory=_default_prompt_cache_bytes)
     prompt_cache_entries: int = 64
     prompt_cache_disk_bytes: Optional[int] = None  # disk tier (disk_tier.py); None: 4 GiB or less by free space, 0: off
@@ -33,7 +37,7 @@ class EngineConfig:
         d = cls()
         return cls(
             max_sequences=s.max_sequences, prefill_step_size=s.prefill_step_size,
-            prefill_batch_size=s.prefill_batch_size,
+            prefill_batch_size=s.prefill_batch_size, prefill_step_tokens=s.prefill_step_tokens,
             prompt_cache_bytes=d.prompt_cache_bytes if s.prompt_cache_bytes is None else s.prompt_cache_bytes,
             prompt_cache_entries=s.prompt_cache_entries, prompt_cache_disk_bytes=s.prompt_cache_disk_bytes,
             forward_chunk_tokens=s.forward_chunk_tokens or 0,

@@ -1,6 +1,6 @@
 """The streams of the served model, from their arrival to their last event (engine thread only).
 
-Requests wait in order for a place in the batch and for their KV reservation (admission.py),
+Requests wait in order for their KV reservation and room in a step's prefill (admission.py),
 run in the model's Batch (lanes/batch.py) one step at a time, and leave through `end`: the one
 place a stream, or a forward job, gets its terminal event, exactly once. A failure is
 confined to the request it belongs to whenever that request is known; failures become the
@@ -15,7 +15,7 @@ from typing import Deque, Dict, List, Optional
 from common.mlx_utils import TextPipeline
 from engine import faults
 from engine.admission import Admission
-from engine.batch_factory import open_batch
+from engine.batch_factory import open_batch, prefill_sizes
 from engine.lanes.batch import Failed
 from engine.requests import EngineError, Event, Request, Sink, Slot, failure, refused
 
@@ -118,12 +118,16 @@ class Streams:
         return False
 
     def admit(self) -> None:
-        if self.waiting:
-            self.open().waiting(len(self.waiting))  # company: a stream running apart comes back
+        if not self.waiting:
+            return
+        self.open().waiting(len(self.waiting))  # company: a stream running apart comes back
+        sizes = prefill_sizes(self.config, self.mx)
         while self.waiting and len(self.slots) < self.places():
             slot = self.waiting[0]  # stays in the queue, where a failure still finds it, until placed
             if not self.admission.fits(slot, self.slots.values()):  # it waits (in order) for running ones to end
                 break
+            if not self.admission.prefill_fits(slot, self.slots.values(), sizes):
+                break  # it waits (in order) for a step's prefill to have room
             req = slot.request
             slot.t_admit = time.perf_counter()
             # Alone, a short rest is prefilled at once and its first token sampled directly.
