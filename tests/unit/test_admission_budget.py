@@ -113,12 +113,14 @@ def test_max_sequences_is_still_an_upper_bound(model, monkeypatch):
 
 
 def test_long_prompts_wait_for_room_in_a_steps_prefill(model, monkeypatch):
-    """Three ~300-token prompts with chunks of 128 and 256 prompt tokens a step (two prompts
-    prefilled together at most, so an idle engine's bound is 256 too): two prefill together,
-    the third waits until one of them decodes; all three complete."""
-    prompts = [f"Document {i}. " + " ".join(f"line {j} of text number {i}." for j in range(50)) for i in range(3)]
-    config = EngineConfig(prefill_step_size=128, prefill_step_tokens=256, prefill_batch_size=2)
+    """Three prompts of a few chunks each, with chunks of 16 and 32 prompt tokens a step (two
+    prompts prefilled together at most, so an idle engine's bound is 32 too): two prefill
+    together, the third waits until one of them decodes; all three complete. (Small sizes: in
+    this process MLX multiplies without the server's OpenBLAS, ~10 prompt tokens a second.)"""
+    prompts = [f"Document {i}. " + " ".join(f"line {j} of text number {i}." for j in range(6)) for i in range(3)]
+    assert all(len(model.tokenizer.encode(p)) > 2 * 16 for p in prompts)
+    config = EngineConfig(prefill_step_size=16, prefill_step_tokens=32, prefill_batch_size=2)
     counts, running, prefilling, chunks = run_together(model, config, prompts, 3, monkeypatch)
     assert counts == [3, 3, 3]
     assert prefilling == 2 and running == 3  # the third ran, once there was room
-    assert all(sum(min(c, 128) for c in step) <= 256 for step in chunks)
+    assert all(sum(min(c, 16) for c in step) <= 32 for step in chunks)
