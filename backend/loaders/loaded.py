@@ -130,13 +130,7 @@ def _keep(text: str) -> str:
 
 def materialize(model) -> None:
     """Evaluate every array the model holds, private ones (rope tables) included."""
-    import mlx.core as mx
-
-    arrays, seen = [], set()
-    for module in model.modules():
-        _collect(dict(module), arrays, seen)
-        _collect(list(vars(module).values()), arrays, seen)
-    mx.eval(arrays)
+    evaluate([(dict(module), list(vars(module).values())) for module in model.modules()])
 
 
 def evaluate(value) -> None:
