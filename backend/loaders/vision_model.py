@@ -194,6 +194,10 @@ def _test_image_inputs(parts: "VisionParts"):
                           add_special_tokens=should_add_special_tokens(parts.prompt_type, parts.processor))
 
 
+# What a processor makes from the text alone: a test image's inputs must hold more.
+_TEXT_INPUTS = {"input_ids", "attention_mask", "token_type_ids"}
+
+
 def _embedded_test_image(parts: "VisionParts"):
     """(prompt ids, the embedding step's outputs) for a test image, as a request's prefill gets
     them; ModelLoadError where the library itself fails (mlx-vlm 0.7.10's LLaVA processor hands
@@ -206,6 +210,13 @@ def _embedded_test_image(parts: "VisionParts"):
     except Exception as e:
         raise ModelLoadError(f"mlx-vlm's processor for this family fails on a test image: "
                              f"{type(e).__name__}: {e}") from None
+    if not set(inputs) - _TEXT_INPUTS:
+        # mlx-vlm's loader falls back to the bare tokenizer when the family's processor cannot be
+        # built (Granite Vision without its processor files): the model would load, and
+        # every image be dropped without a word.
+        raise ModelLoadError(f"mlx-vlm's processor ({type(parts.processor).__name__}) makes no image inputs from "
+                             f"a test image, so every image would be dropped: are the folder's "
+                             f"processor files (preprocessor_config.json) missing?")
     ids = inputs["input_ids"]
     rest = {k: v for k, v in inputs.items() if k not in ("input_ids", "pixel_values", "attention_mask")}
     try:

@@ -12,13 +12,15 @@ from the prefix cache where the cache kind allows); a video, where the library t
 the family, gives the library's tokens. A family whose library generation fails here must be
 refused at LoadModel, in the library's words. Each family is one case; the results go to
 vision.json (in $ZOO_RESULTS_DIR, else zoo/ in this run's temporary folder), written even when
-cases fail. `FAMILIES=a,b` runs only those. In `make test` (no zoo marker): about 25 tiny
-models, a few seconds each.
+cases fail. `FAMILIES=a,b` runs only those. In `make test`: every family built, a few
+seconds each. Beside them: a folder whose processor cannot see images (mlx-vlm's
+bare-tokenizer fallback) is refused at load.
 """
 
 import json
 import os
 import re
+import shutil
 
 import grpc
 import pytest
@@ -174,3 +176,19 @@ def checked(record, name, check) -> bool:
         record.reason = record.reason or f"{name}: {e.code().name}: {e.details()}"
     record.check(name, ok)
     return ok
+
+
+def test_a_folder_whose_processor_makes_no_image_inputs_is_refused(backend, tmp_path):
+    """Granite Vision without its processor files (preprocessor_config.json, processor_config.json):
+    mlx-vlm's loader falls back to the bare tokenizer, which makes no pixel values, so the model
+    would answer every image request without looking at the image. Refused at LoadModel, saying
+    so; the intact folder then serves."""
+    built = vision_builder.build("granite_vision")
+    broken = tmp_path / "granite_vision-without-preprocessor"
+    shutil.copytree(built, broken)
+    for name in ("preprocessor_config.json", "processor_config.json"):
+        (broken / name).unlink()
+    loaded = backend.load(str(broken))
+    assert not loaded.success and "no image inputs" in loaded.message, loaded.message
+    assert backend.load(built).success
+    assert ids(backend.stub.Predict(ask(PICTURES[0]), timeout=300))
