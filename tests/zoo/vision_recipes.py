@@ -894,3 +894,40 @@ _add("plamo2vl", Recipe(
         "do_resize": True, "do_rescale": True, "do_normalize": True, "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
         "patch_size": _PLAMO_PATCH, "max_image_width": 2 * _PLAMO_TILE, "max_image_height": 2 * _PLAMO_TILE,
         "downsample_ratio": 1.0, "tile_context_length": 64}}))
+
+
+# ==== VIS-C's group: Qwen3-Omni MoE, Kimi K3, LocateAnything, ZAYA1-VL, Qwen4-exp
+
+# ---- Qwen3-Omni MoE: the Qwen3-VL tower and tokens inside a "thinker" (with an audio tower, built small, as every
+# thinker has one), a Qwen3 MoE text model; the talker and its vocoder (speech out) are not built. Its processor
+# also loads Whisper's feature extractor and names its media tokens on the tokenizer.
+
+OMNI_SPECIALS = SPECIALS + ["<|audio_start|>", "<|audio_end|>", "<|audio_pad|>"]
+_OMNI_AUDIO = {"d_model": WIDTH, "encoder_layers": 1, "num_hidden_layers": 1, "encoder_attention_heads": 2,
+               "encoder_ffn_dim": 2 * WIDTH, "output_dim": WIDTH, "downsample_hidden_size": 16}
+
+
+def _qwen3_omni_moe(m, ids, vocab):
+    thinker = _qwen3("qwen3_omni_moe", {"rope_scaling": _MROPE}, {"deepstack_visual_indexes": [0]})(m, ids, vocab)
+    thinker["text_config"]["model_type"] = "qwen3_omni_moe_text_encoder"  # the names its tower checks
+    thinker["vision_config"]["model_type"] = "qwen3_omni_moe_vision_encoder"
+    thinker.update(model_type="qwen3_omni_moe_thinker", audio_config=_OMNI_AUDIO,
+                   audio_token_id=ids["<|audio_pad|>"], audio_start_token_id=ids["<|audio_start|>"],
+                   audio_end_token_id=ids["<|audio_end|>"])
+    # The config classes want a talker's text part even when no talker is built (enable_audio_output false).
+    return {"model_type": "qwen3_omni_moe", "thinker_config": thinker, "enable_audio_output": False,
+            "talker_config": {"text_config": thinker["text_config"]},
+            "eos_token_id": ids["<|im_end|>"], "im_start_token_id": ids["<|im_start|>"],
+            "im_end_token_id": ids["<|im_end|>"]}
+
+
+_add("qwen3_omni_moe", Recipe(
+    specials=OMNI_SPECIALS, eos="<|im_end|>", template=CHAT_TEMPLATE, config=_qwen3_omni_moe,
+    tokenizer_config={"extra_special_tokens": {
+        "image_token": "<|image_pad|>", "video_token": "<|video_pad|>", "audio_token": "<|audio_pad|>",
+        "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>",
+        "audio_bos_token": "<|audio_start|>", "audio_eos_token": "<|audio_end|>"}},
+    files={"preprocessor_config.json": {**_qwen_preprocessor(16), "feature_extractor_type": "WhisperFeatureExtractor",
+                                        "feature_size": 128, "sampling_rate": 16000, "hop_length": 160,
+                                        "chunk_length": 30, "n_fft": 400, "padding_value": 0.0,
+                                        "return_attention_mask": True}}))
