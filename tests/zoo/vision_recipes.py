@@ -931,3 +931,31 @@ _add("qwen3_omni_moe", Recipe(
                                         "feature_size": 128, "sampling_rate": 16000, "hop_length": 160,
                                         "chunk_length": 30, "n_fft": 400, "padding_value": 0.0,
                                         "return_attention_mask": True}}))
+
+
+# ---- Kimi K3: a 3-D MoonViT (its sizes under vt_ names), a Kimi Linear text model (a delta-attention layer, then
+# latent attention; MoE). Its processor renders the chat itself in Python (XTML turns between <|open|> and
+# <|close|>): like the real checkpoints, no chat template. Its prompt opens with a long system turn (the thinking
+# effort), some 250 tokens beside the image's 30: at scale 4 the image barely moved the last token's logits.
+
+KIMI_K3_SPECIALS = ["<|pad|>", "<|end_of_msg|>", "<|open|>", "<|close|>", "<|sep|>", "<|media_begin|>",
+                    "<|media_content|>", "<|media_end|>", "<|media_pad|>", "<|kimi_image_placeholder|>"]
+
+
+def _kimi_k3(m, ids, vocab):
+    text = shrink(m.TextConfig, model_type="kimi_linear", vocab_size=vocab, q_lora_rank=None, num_experts=4,
+                  num_experts_per_token=2, num_shared_experts=1, first_k_dense_replace=1,
+                  linear_attn_config={"kda_layers": [1], "num_heads": 2, "head_dim": 16, "short_conv_kernel_size": 4})
+    vision = {"model_type": "moonvit3d", "patch_size": 14, "init_pos_emb_height": 8, "init_pos_emb_width": 8,
+              "init_pos_emb_time": 2, "vt_num_attention_heads": 2, "vt_num_hidden_layers": 1, "vt_hidden_size": WIDTH,
+              "vt_intermediate_size": 2 * WIDTH, "qkv_hidden_size": WIDTH, "mm_hidden_size": WIDTH,
+              "text_hidden_size": WIDTH, "merge_kernel_size": [2, 2]}
+    return {"model_type": "kimi_k3", "text_config": text, "vision_config": vision, "vocab_size": vocab,
+            "media_placeholder_token_id": ids["<|media_pad|>"], "eos_token_id": [ids["<|end_of_msg|>"]]}
+
+
+_add("kimi_k3", Recipe(
+    specials=KIMI_K3_SPECIALS, eos="<|end_of_msg|>", template=None, config=_kimi_k3, scale=8.0,
+    files={"preprocessor_config.json": {"media_proc_cfg": {"patch_size": 14, "in_patch_limit": 64,
+                                                           "merge_kernel_size": [2, 2], "image_mean": [0.5] * 3,
+                                                           "image_std": [0.5] * 3}}}))
