@@ -959,3 +959,24 @@ _add("kimi_k3", Recipe(
     files={"preprocessor_config.json": {"media_proc_cfg": {"patch_size": 14, "in_patch_limit": 64,
                                                            "merge_kernel_size": [2, 2], "image_mean": [0.5] * 3,
                                                            "image_std": [0.5] * 3}}}))
+
+
+# ---- LocateAnything: a MoonViT tower, a Qwen2 text model with tied embeddings (its loader drops any lm_head);
+# the processor expands each <image-N> the chat template writes into <img><IMG_CONTEXT>...</img>.
+
+LOCATE_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>"]
+
+
+def _locateanything(m, ids, vocab):
+    return {"model_type": "locateanything",
+            "text_config": shrink(m.TextConfig, model_type="qwen2", vocab_size=vocab, tie_word_embeddings=True),
+            "vision_config": shrink(m.VisionConfig, model_type="moonvit", patch_size=14, init_pos_emb_height=8,
+                                    init_pos_emb_width=8, merge_kernel_size=[2, 2]),
+            "image_token_index": ids["<IMG_CONTEXT>"], "vocab_size": vocab, "eos_token_id": [ids["<|im_end|>"]]}
+
+
+_add("locateanything", Recipe(
+    specials=LOCATE_SPECIALS, eos="<|im_end|>", config=_locateanything,
+    template=_turns("{{ '<|im_start|>' + message['role'] + '\\n' }}", "<image-1>", "<|im_end|>\\n",
+                    "<|im_start|>assistant\\n"),
+    files={"preprocessor_config.json": {"patch_size": 14, "merge_kernel_size": [2, 2], "in_token_limit": 64}}))
