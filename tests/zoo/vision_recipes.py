@@ -980,3 +980,29 @@ _add("locateanything", Recipe(
     template=_turns("{{ '<|im_start|>' + message['role'] + '\\n' }}", "<image-1>", "<|im_end|>\\n",
                     "<|im_start|>assistant\\n"),
     files={"preprocessor_config.json": {"patch_size": 14, "merge_kernel_size": [2, 2], "in_token_limit": 64}}))
+
+
+# ---- ZAYA1-VL: the Qwen2.5-VL tower (patches of 14) and image processor, a ZAYA1 text model (compressed
+# convolutional attention, a routed MoE with a skip expert, image-only LoRA adapters), its parameters at the top
+# level. One key-value head: CCA's per-head key temperature starts at 0 (a lone 0 the builder sets to 1; two would
+# stay 0 and every key would vanish).
+
+ZAYA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>",
+                 "<image>"]
+
+
+def _zaya1_vl(m, ids, vocab):
+    text = shrink(m.TextConfig, model_type="zaya1_vl", vocab_size=vocab, num_query_groups=1, ffn_hidden_size=2 * WIDTH,
+                  zaya_mlp_expansion=16, vision_lora_rank_attn=4, vision_lora_rank_mlp=8, tie_word_embeddings=True,
+                  pad_token_id=ids["<pad>"], bos_token_id=ids["<bos>"], eos_token_id=ids["<end_of_turn>"])
+    return {**text, "vision_config": shrink(m.VisionConfig, model_type="qwen2_5_vl", patch_size=14, window_size=112,
+                                            fullatt_block_indexes=[0]),
+            "image_token_id": ids["<image>"], "vision_start_token_id": ids["<start_of_image>"],
+            "vision_end_token_id": ids["<end_of_image>"]}
+
+
+_add("zaya1_vl", Recipe(
+    specials=ZAYA_SPECIALS, eos="<end_of_turn>", config=_zaya1_vl, named={"bos_token": "<bos>"},
+    template=_turns("{{ '<start_of_turn>' + message['role'] + '\\n' }}", "<start_of_image><image><end_of_image>",
+                    "<end_of_turn>\\n", "<start_of_turn>model\\n", start="{{ bos_token }}"),
+    files={"preprocessor_config.json": _qwen_preprocessor(14)}))
