@@ -1006,3 +1006,21 @@ _add("zaya1_vl", Recipe(
     template=_turns("{{ '<start_of_turn>' + message['role'] + '\\n' }}", "<start_of_image><image><end_of_image>",
                     "<end_of_turn>\\n", "<start_of_turn>model\\n", start="{{ bos_token }}"),
     files={"preprocessor_config.json": _qwen_preprocessor(14)}))
+
+
+# ---- Qwen4-exp: the Qwen3-VL tower without deepstack, Qwen3-VL's processor and tokens, an experimental text model:
+# gated-delta and sparse-attention layers (a block indexer that keeps a budget of compressed key blocks: here 16
+# tokens, fewer than a prompt holds, so the selection is exercised), hyper-connections, and n-gram per-layer
+# embeddings on the delta layer (hashed into a few small prime-sized tables instead of 20M-row ones).
+
+def _qwen4_exp(m, ids, vocab):
+    config = _qwen3("qwen4_exp", {"rope_parameters": _MROPE_PARTIAL}, {"deepstack_visual_indexes": []})(m, ids, vocab)
+    config["text_config"].update(
+        layer_types=["linear_attention", "full_attention"], hc_count=2, hc_lowrank=8, ple_layer_ids=[1],
+        heads_per_ngram=2, ngram_vocab_size_base=64, make_ngram_vocab_size_divisible_by=8, split_ngram_parts=2,
+        indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16, indexer_compress_ratio=4,
+        eos_token_id=ids["<|im_end|>"])
+    return config
+
+
+_add("qwen4_exp", Recipe(**QWEN, config=_qwen4_exp, files={"preprocessor_config.json": _qwen_preprocessor(16)}))
