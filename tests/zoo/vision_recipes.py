@@ -985,7 +985,8 @@ _add("locateanything", Recipe(
 # ---- ZAYA1-VL: the Qwen2.5-VL tower (patches of 14) and image processor, a ZAYA1 text model (compressed
 # convolutional attention, a routed MoE with a skip expert, image-only LoRA adapters), its parameters at the top
 # level. One key-value head: CCA's per-head key temperature starts at 0 (a lone 0 the builder sets to 1; two would
-# stay 0 and every key would vanish).
+# stay 0 and every key would vanish). mlx-vlm 0.7.10's own generation fails with it (its chunked prefill calls
+# language_model(inputs=...), this LanguageModel takes input_ids): the matrix checks our refusal at load.
 
 ZAYA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>",
                  "<image>"]
@@ -1018,6 +1019,8 @@ def _qwen4_exp(m, ids, vocab):
     config["text_config"].update(
         layer_types=["linear_attention", "full_attention"], hc_count=2, hc_lowrank=8, ple_layer_ids=[1],
         heads_per_ngram=2, ngram_vocab_size_base=64, make_ngram_vocab_size_divisible_by=8, split_ngram_parts=2,
+        # indexer_kv_heads is stated though it is the default: transformers' Qwen4-exp config, which loading the
+        # processor reads, requires it in config.json
         indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16, indexer_compress_ratio=4,
         eos_token_id=ids["<|im_end|>"])
     return config
