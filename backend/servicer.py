@@ -222,9 +222,12 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         then one request through the lane on the engine thread; ModelLoadError when none serves it."""
         loop = asyncio.get_running_loop()
         probes = functools.partial(_probes, lm)
-        await loop.run_in_executor(self.loader, lane_choice.decide, lm, plan.config, probes, plan.options.lane)
-        trial = await loop.run_in_executor(self.loader, probes)  # the first, and a spare for the solo lane
-        await asyncio.wrap_future(self.engine.trial(lm, plan.config, trial[:2], plan.options.lane == "auto"))
+        try:
+            await loop.run_in_executor(self.loader, lane_choice.decide, lm, plan.config, probes, plan.options.lane)
+            trial = await loop.run_in_executor(self.loader, probes)  # the first, and a spare for the solo lane
+            await asyncio.wrap_future(self.engine.trial(lm, plan.config, trial[:2], plan.options.lane == "auto"))
+        except model_loader.ModelLoadError as e:  # named as the loaders name theirs: which model is refused
+            raise model_loader.ModelLoadError(f"{lm.source}: {e}") from None
 
     @answered
     async def Free(self, request, context):

@@ -35,6 +35,18 @@ def _greedy(model, processor, prompt: str, max_tokens: int, **media) -> list:
     return tokens[:max_tokens]  # it may yield one past max_tokens
 
 
+def _video_token(config):
+    """The video token's id in the model's config, else in the first of its parts that has one
+    (Qwen3-Omni's config wraps a thinker_config, which holds the token ids)."""
+    import dataclasses
+
+    for part in [config] + [v for v in vars(config).values() if dataclasses.is_dataclass(v)]:
+        found = getattr(part, "video_token_id", None) or getattr(part, "video_token_index", None)
+        if found is not None:
+            return found
+    return None
+
+
 def _video(model, processor, question: str, seed: int, max_tokens: int):
     """The greedy tokens for a clip; None when the library's prompt holds no video tokens for
     this family (it would answer the question without looking: nothing to compare)."""
@@ -42,7 +54,7 @@ def _video(model, processor, question: str, seed: int, max_tokens: int):
     from mlx_vlm.utils import prepare_inputs
     from vision_fixture import video_b64
 
-    video_id = getattr(model.config, "video_token_id", None) or getattr(model.config, "video_token_index", None)
+    video_id = _video_token(model.config)
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "clip.mp4")
         with open(path, "wb") as f:

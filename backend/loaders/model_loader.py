@@ -4,7 +4,7 @@ A host sends `Model` (a name, a path or a hub id), `ModelFile` (its own
 join of the models folder and `Model`) and `ModelPath` (the models folder).
 Local mlx-lm directories and hub ids go through mlx-lm's loader; `.gguf`
 files are converted once by gguf_loader and then loaded the same way;
-directories whose config.json has a vision_config go through mlx-vlm
+directories whose config.json has a vision_config (or a part that has one) go through mlx-vlm
 (vision_model), sequence-classification checkpoints through mlx-vlm's
 reranker loader (cross_encoder).
 
@@ -68,13 +68,17 @@ def resolve(spec: LoadSpec) -> str:
 
 
 def _is_vision(path: Path) -> bool:
+    """Whether config.json has a vision part: at its top, or in one of the parts a wrapper
+    model holds (Qwen3-Omni keeps its tower's config in thinker_config)."""
     cfg = path / "config.json"
     if not cfg.exists():
         return False
     try:
-        return bool(json.loads(cfg.read_text()).get("vision_config"))
+        config = json.loads(cfg.read_text())
     except (OSError, json.JSONDecodeError):
         return False
+    parts = [config] + [v for v in config.values() if isinstance(v, dict)] if isinstance(config, dict) else []
+    return any(p.get("vision_config") for p in parts)
 
 
 def _choose_dtype(requested: str, model) -> Optional[str]:

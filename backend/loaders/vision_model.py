@@ -15,7 +15,7 @@ through the batch's merges, filters and extractions.
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -251,6 +251,20 @@ def batch_obstacle(ids, features) -> Optional[str]:
     return None
 
 
+_MEDIA_TOKENS = ("image_token_id", "image_token_index", "video_token_id", "im_patch_token")
+
+
+def _token_config(cfg):
+    """The part of the model's config that names its media tokens: the config itself, else the
+    one of its parts that does (Qwen3-Omni's wraps a thinker_config, which holds the tower, the
+    text model and their token ids)."""
+    def names(c) -> bool:
+        return any(isinstance(getattr(c, name, None), int) for name in _MEDIA_TOKENS)
+
+    parts = [v for v in vars(cfg).values() if is_dataclass(v)] if is_dataclass(cfg) else []
+    return next((c for c in [cfg] + parts if names(c)), cfg)
+
+
 def _bounds(spec):
     """The LoadModel's media bounds (a dict when they came over the wire to a follower rank)."""
     from loaders import media_bounds
@@ -296,11 +310,9 @@ def load_vision(spec, source: str, started: float):
         raise ModelLoadError(f"{source}: the vision model did not load through mlx-vlm: "
                              f"{type(e).__name__}: {e}") from None
     materialize(vlm)
-    cfg = vlm.config
+    cfg = _token_config(vlm.config)
     # GOT-OCR's config names its image token im_patch_token (<imgpad>).
-    media_ids = sorted({i for i in (getattr(cfg, "image_token_id", None), getattr(cfg, "image_token_index", None),
-                                    getattr(cfg, "video_token_id", None), getattr(cfg, "im_patch_token", None))
-                        if isinstance(i, int)})
+    media_ids = sorted({i for i in (getattr(cfg, name, None) for name in _MEDIA_TOKENS) if isinstance(i, int)})
     video_id = getattr(cfg, "video_token_id", None)
     parts = VisionParts(
         vlm=vlm, processor=processor, model_type=config.get("model_type", ""), media_token_ids=media_ids,

@@ -141,3 +141,22 @@ def test_a_model_whose_kv_cache_cannot_be_batched_is_named_at_load():
         num_key_value_heads=1, max_position_embeddings=64, norm_eps=1e-5, conv_bias=False, conv_L_cache=3,
         block_dim=16, block_multiple_of=16, block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=False,
         block_ff_dim=16, layer_types=["conv", "full_attention"])))) is None
+
+
+def test_a_vision_part_nested_in_a_wrapper_config_goes_to_the_vision_loader(tmp_path):
+    # Qwen3-Omni's checkpoints keep the tower's config inside thinker_config, none at the top:
+    # read only at the top, the directory went to mlx-lm, which has no such model type.
+    import json
+
+    from loaders.model_loader import _is_vision
+
+    def routed(config) -> bool:
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config))
+        return _is_vision(folder)
+
+    assert routed({"model_type": "qwen3_omni_moe", "thinker_config": {"vision_config": {"depth": 1}}})
+    assert routed({"model_type": "qwen3_vl", "vision_config": {"depth": 1}})
+    assert not routed({"model_type": "qwen3", "rope_scaling": {"type": "linear"}})
+    assert not routed({"model_type": "qwen3_5", "text_config": {"hidden_size": 8}, "vision_config": None})

@@ -99,9 +99,6 @@ NOT_YET = {
     "gemma4_unified": _OWN.format("Gemma4UnifiedProcessor", "the Gemma 4 text model, its own image and audio parts"),
     "glm5_next": _OWN.format("Glm5NextProcessor", "its own tower, a GLM-5 text model"),
     "inkling": _OWN.format("InklingProcessor", "with mlx-audio for its audio features"),
-    "kimi_k3": _OWN.format("KimiK3Processor", "a 3-D MoonViT, a Kimi Linear text model; tiktoken only for "
-                                              "legacy tiktoken.model checkpoints"),
-    "locateanything": _OWN.format("LocateAnythingProcessor", "MoonViT, a Qwen2 text model, box outputs"),
     "mimo_v2": _OWN.format("MiMoV2Processor", "with mlx-audio's audio tokenizer for audio"),
     "minicpmo": _OWN.format("MiniCPMOProcessor", "SigLIP slices, Whisper audio, a Qwen3 text model"),
     # Tried: a tiny build (2-layer SigLIP tower merged 16x, a Qwen 3.5 text model, 224-pixel images, no slices)
@@ -131,12 +128,7 @@ NOT_YET = {
     "phi3_v": "its CLIP tower is fixed in mlx-vlm's code (VisionModel.CLIP_VIT_LARGE_PATCH14_336_CONFIG: 24 layers, "
               "1024 wide, 336-pixel crops, 144 tokens a crop; the config's vision part is not read), so no config "
               "makes it tiny; Phi3VProcessor, a Phi-3 text model; not built here",
-    "qwen3_omni_moe": _OWN.format("Qwen3OmniMoeProcessor", "Qwen 3 vision, audio encoder, talker"),
-    "qwen4_exp": "Qwen3VLProcessor (mlx-vlm's own); an experimental text model (n-gram per-layer embeddings, "
-                 "a sparse indexer, multi-token prediction); no tiny recipe built here yet",
     "step3p7": _OWN.format("Step3VLProcessor", "a Perception Encoder tower, a Step 3.5 MoE text model"),
-    "zaya1_vl": _OWN.format("Zaya1VLProcessor", "the Qwen-VL image processor, a ZAYA1 text model (compressed "
-                                                "convolutional attention, MoE)"),
 }
 NOT_BUILT.update(NOT_YET)
 
