@@ -894,3 +894,25 @@ _add("plamo2vl", Recipe(
         "do_resize": True, "do_rescale": True, "do_normalize": True, "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
         "patch_size": _PLAMO_PATCH, "max_image_width": 2 * _PLAMO_TILE, "max_image_height": 2 * _PLAMO_TILE,
         "downsample_ratio": 1.0, "tile_context_length": 64}}))
+
+
+# ==== VIS-D group: gemma4_unified, glm5_next, step3p7, minimax_m3_vl, cohere_compass, muse_glimmer ====
+
+# ---- Gemma 4 unified: Gemma 4's tokens and text model, no vision tower (each 48-pixel patch is normed and
+# projected straight into the text, with a learned 2-D position table). mlx-vlm's loader replaces the processor's
+# image processor with a default one (16-pixel patches pooled 3x3, up to 280 soft tokens), whatever the
+# checkpoint says: the model takes 48-pixel patches, and a picture here is some 270 image tokens.
+
+def _gemma4_unified(m, ids, vocab):
+    config = _gemma4(m, ids, vocab)
+    config["text_config"].update(model_type="gemma4_unified_text", hidden_size_per_layer_input=0)
+    vision = shrink(m.VisionConfig, model_type="gemma4_unified_vision", patch_size=16, pooling_kernel_size=3,
+                    model_patch_size=48, mm_embed_dim=WIDTH, mm_posemb_size=280, output_proj_dims=WIDTH)
+    return {**config, "model_type": "gemma4_unified", "vision_config": vision, "vision_soft_tokens_per_image": 280}
+
+
+_add("gemma4_unified", Recipe(**{**RECIPES["gemma4"].__dict__, "config": _gemma4_unified,
+                                 # 70 soft tokens a frame (the fewest its video processor allows), 48-pixel patches
+                                 "files": {"processor_config.json": {"video_processor": {
+                                     "patch_size": 16, "pooling_kernel_size": 3, "max_soft_tokens": 70,
+                                     "num_frames": 2}}}}))
