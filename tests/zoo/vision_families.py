@@ -96,7 +96,6 @@ NOT_YET = {
     "gemma3n": "its MobileNet-V5 tower is fixed in mlx-vlm's code (gemma3n_mobilenet_def: 4 stages of 128 to 1280 "
                "filters, some 80 blocks, a 2048-wide fusion adapter; no config field sizes it), so no config makes "
                "it tiny; Gemma3nProcessor, audio features, per-layer inputs; not built here",
-    "glm5_next": _OWN.format("Glm5NextProcessor", "its own tower, a GLM-5 text model"),
     "inkling": _OWN.format("InklingProcessor", "with mlx-audio for its audio features"),
     "kimi_k3": _OWN.format("KimiK3Processor", "a 3-D MoonViT, a Kimi Linear text model; tiktoken only for "
                                               "legacy tiktoken.model checkpoints"),

@@ -916,3 +916,23 @@ _add("gemma4_unified", Recipe(**{**RECIPES["gemma4"].__dict__, "config": _gemma4
                                  "files": {"processor_config.json": {"video_processor": {
                                      "patch_size": 16, "pooling_kernel_size": 3, "max_soft_tokens": 70,
                                      "num_frames": 2}}}}))
+
+
+# ---- GLM-5-Next: GLM-4V's tokens and template, a Qwen-like tower (patches of 14 merged 2x2), a GLM-5 text model
+# (linear attention, then NoPE latent attention with a sparse top-k indexer; MoE; hyper-connections). mlx-vlm's
+# loader puts a default image processor in place (at least 16 tokens a picture), so no processor file is needed.
+
+def _glm5_next(m, ids, vocab):
+    text = shrink(m.TextConfig, model_type="glm5_next_text", vocab_size=vocab, num_key_value_heads=2,
+                  qk_rope_head_dim=0, qk_nope_head_dim=16, layer_types=["linear_attention", "full_attention"],
+                  mlp_layer_types=["dense", "sparse"], index_n_heads=2, index_head_dim=16, linear_head_dim=16,
+                  linear_num_heads=2, eos_token_id=_glm_eos(ids), pad_token_id=ids["<|endoftext|>"])
+    return {"model_type": "glm5_next", "text_config": text,
+            "vision_config": shrink(m.VisionConfig, model_type="glm5_next_vision", projection_intermediate_size=64),
+            "image_token_id": ids["<|image|>"], "video_token_id": ids["<|video|>"],
+            "image_start_token_id": ids["<|begin_of_image|>"], "image_end_token_id": ids["<|end_of_image|>"],
+            "video_start_token_id": ids["<|begin_of_video|>"], "video_end_token_id": ids["<|end_of_video|>"],
+            "eos_token_id": _glm_eos(ids)}
+
+
+_add("glm5_next", Recipe(specials=GLM_SPECIALS, eos="<|endoftext|>", template=GLM_TEMPLATE, config=_glm5_next))
