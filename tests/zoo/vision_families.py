@@ -132,7 +132,6 @@ NOT_YET = {
     "qwen3_omni_moe": _OWN.format("Qwen3OmniMoeProcessor", "Qwen 3 vision, audio encoder, talker"),
     "qwen4_exp": "Qwen3VLProcessor (mlx-vlm's own); an experimental text model (n-gram per-layer embeddings, "
                  "a sparse indexer, multi-token prediction); no tiny recipe built here yet",
-    "step3p7": _OWN.format("Step3VLProcessor", "a Perception Encoder tower, a Step 3.5 MoE text model"),
     "zaya1_vl": _OWN.format("Zaya1VLProcessor", "the Qwen-VL image processor, a ZAYA1 text model (compressed "
                                                 "convolutional attention, MoE)"),
 }

@@ -936,3 +936,28 @@ def _glm5_next(m, ids, vocab):
 
 
 _add("glm5_next", Recipe(specials=GLM_SPECIALS, eos="<|endoftext|>", template=GLM_TEMPLATE, config=_glm5_next))
+
+
+# ---- Step 3.7: a Perception Encoder tower and two stride-2 convolutions, a Step 3.5 text model (sliding and full
+# attention, MoE). Its processor fixes the picture at 728 pixels and 169 image tokens (13x13 after the two
+# convolutions), so the tower's patches stay 14 pixels (52x52 of them: one head, its attention is most of a case's
+# time); tiles only for pictures over 1.5:1.
+
+STEP_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<im_patch>", "<patch_start>", "<patch_end>",
+                 "<patch_newline>", "<im_start>", "<im_end>"]
+
+
+def _step3p7(m, ids, vocab):
+    text = shrink(m.TextConfig, model_type="step3p5", vocab_size=vocab, num_attention_groups=1, moe_num_experts=4,
+                  moe_top_k=2, share_expert_dim=WIDTH, moe_layers_enum=[1], sliding_window=64,
+                  layer_types=["sliding_attention", "full_attention"], pad_token_id=ids["<|endoftext|>"],
+                  eos_token_id=ids["<|im_end|>"])
+    vision = shrink(m.VisionConfig, width=WIDTH, layers=1, heads=1, mlp_ratio=2.0, image_size=728, patch_size=14)
+    return {"model_type": "step3p7", "text_config": text, "vision_config": vision,
+            "image_token_id": ids["<im_patch>"], "vocab_size": vocab, "eos_token_id": ids["<|im_end|>"]}
+
+
+# mlx-vlm puts <im_patch> in the text of the user's turn
+_add("step3p7", Recipe(specials=STEP_SPECIALS, eos="<|im_end|>", config=_step3p7,
+                       template=_turns("{{ '<|im_start|>' + message['role'] + '\\n' }}", "<im_patch>",
+                                       "<|im_end|>\\n", "<|im_start|>assistant\\n")))
