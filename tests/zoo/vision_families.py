@@ -116,7 +116,6 @@ NOT_YET = {
     "minicpmv4_7": _OWN.format("MiniCPMV4_7Processor", "image slices, a Qwen 3.5 MoE text model; built on MiniCPM-V "
                                                        "4.6's processing code, so its server gap (see minicpmv4_6) "
                                                        "is expected here too"),
-    "minimax_m3_vl": _OWN.format("MiniMaxM3VLProcessor", "a CLIP tower, a MiniMax-M3 text model"),
     "molmo": _OWN.format("MolmoProcessor", "image crops, its own text model"),
     "molmo2": _OWN.format("Molmo2Processor", "image crops and pooling, its own text model"),
     "molmo_point": _OWN.format("MolmoPointProcessor", "Molmo 2 with point outputs"),

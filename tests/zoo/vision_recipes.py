@@ -961,3 +961,29 @@ def _step3p7(m, ids, vocab):
 _add("step3p7", Recipe(specials=STEP_SPECIALS, eos="<|im_end|>", config=_step3p7,
                        template=_turns("{{ '<|im_start|>' + message['role'] + '\\n' }}", "<im_patch>",
                                        "<|im_end|>\\n", "<|im_start|>assistant\\n")))
+
+
+# ---- MiniMax M3 VL: a CLIP tower with 3-D RoPE over Qwen-like patches (14 pixels, merged 2x2 by an MLP), a
+# MiniMax-M3 text model (a dense and a MoE layer; the second with its block-sparse indexer, blocks small enough
+# that a test's prompt is sparse). Its processor's tokens are fixed strings (]<]image[>[ ...), no processor files.
+
+MINIMAX_SPECIALS = ["<|endoftext|>", "]~b]", "]~!b[", "[e~[", "]<]image[>[", "]<]video[>[", "]<]start of image[>[",
+                    "]<]end of image[>["]
+
+
+def _minimax_m3_vl(m, ids, vocab):
+    text = shrink(m.TextConfig, model_type="minimax_m3", vocab_size=vocab, intermediate_size=WIDTH,
+                  dense_intermediate_size=2 * WIDTH, shared_intermediate_size=WIDTH,
+                  mlp_layer_types=["dense", "sparse"], layer_types=["full_attention", "minimax_m3_sparse"],
+                  index_n_heads=2, index_head_dim=16, index_block_size=8, index_topk_blocks=2, index_local_blocks=1)
+    return {"model_type": "minimax_m3_vl", "text_config": text,
+            "vision_config": shrink(m.VisionConfig, model_type="clip_vision_model", patch_size=14),
+            "projector_hidden_size": WIDTH, "image_token_index": ids["]<]image[>["],
+            "video_token_index": ids["]<]video[>["], "vision_start_token_id": ids["]<]start of image[>["],
+            "vision_end_token_id": ids["]<]end of image[>["], "vocab_size": vocab, "eos_token_id": ids["[e~["]}
+
+
+_add("minimax_m3_vl", Recipe(
+    specials=MINIMAX_SPECIALS, eos="[e~[", config=_minimax_m3_vl,
+    template=_turns("{{ ']~b]' + message['role'] + '\\n' }}", "]<]image[>[", "[e~[\\n", "]~b]ai\\n",
+                    start="]~!b[", video="]<]video[>[")))
