@@ -987,3 +987,31 @@ _add("minimax_m3_vl", Recipe(
     specials=MINIMAX_SPECIALS, eos="[e~[", config=_minimax_m3_vl,
     template=_turns("{{ ']~b]' + message['role'] + '\\n' }}", "]<]image[>[", "[e~[\\n", "]~b]ai\\n",
                     start="]~!b[", video="]<]video[>[")))
+
+
+# ---- Cohere Compass: a Qwen3-VL-like tower (patches of 16 merged 2x2, deepstack), Aya's Cohere turns, a Command-A
+# style text model (parallel blocks, layer norm, sliding layers with RoPE and multimodal positions, global ones
+# without). mlx-vlm's loader builds its image processor from config.json (sizes from vision_config, pixels from
+# min_pixels/max_pixels).
+
+COMPASS_SPECIALS = AYA_SPECIALS + ["<|IMAGE_PAD|>", "<|VISION_START|>", "<|VISION_END|>"]
+
+
+def _cohere_compass(m, ids, vocab):
+    text = shrink(m.TextConfig, model_type="cohere_compass_text", vocab_size=vocab, sliding_window=16,
+                  layer_types=["sliding_attention", "full_attention"],  # RoPE per layer type: none for full
+                  rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                                         "mrope_section": [4, 2, 2]}},
+                  eos_token_id=ids["<|END_OF_TURN_TOKEN|>"], pad_token_id=ids["<PAD>"])
+    vision = shrink(m.VisionConfig, model_type="cohere_compass_vision", patch_size=16, num_position_embeddings=64,
+                    deepstack_visual_indexes=[0])
+    return {"model_type": "cohere_compass", "text_config": text, "vision_config": vision,
+            "image_token_id": ids["<|IMAGE_PAD|>"], "vision_start_token_id": ids["<|VISION_START|>"],
+            "vision_end_token_id": ids["<|VISION_END|>"], "min_pixels": 64 * 64, "max_pixels": 256 * 256,
+            "eos_token_id": ids["<|END_OF_TURN_TOKEN|>"], "pad_token_id": ids["<PAD>"]}
+
+
+_add("cohere_compass", Recipe(
+    specials=COMPASS_SPECIALS, eos="<|END_OF_TURN_TOKEN|>", config=_cohere_compass,
+    template=_turns("{{ '<|START_OF_TURN_TOKEN|><|USER_TOKEN|>' }}", "<|VISION_START|><|IMAGE_PAD|><|VISION_END|>",
+                    "<|END_OF_TURN_TOKEN|>", "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")))
