@@ -1015,3 +1015,26 @@ _add("cohere_compass", Recipe(
     specials=COMPASS_SPECIALS, eos="<|END_OF_TURN_TOKEN|>", config=_cohere_compass,
     template=_turns("{{ '<|START_OF_TURN_TOKEN|><|USER_TOKEN|>' }}", "<|VISION_START|><|IMAGE_PAD|><|VISION_END|>",
                     "<|END_OF_TURN_TOKEN|>", "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")))
+
+
+# ---- Muse Glimmer: its own tower (patches of 14, windowed attention over windows the size of its position table,
+# pixel-shuffled 2x2), an adapter, a Muse text model (sliding and full layers, the full one without RoPE). A
+# 4x4 position table makes the test's pictures span several windows.
+
+MUSE_SPECIALS = ["<|endoftext|>", "<|begin_of_text|>", "<|eot|>", "<|header_start|>", "<|header_end|>", "<|patch|>",
+                 "<|image_start|>", "<|image_end|>", "<|video|>"]
+
+
+def _muse_glimmer(m, ids, vocab):
+    text = shrink(m.TextConfig, model_type="muse_glimmer_text", vocab_size=vocab, sliding_window=16,
+                  bos_token_id=ids["<|begin_of_text|>"], eos_token_id=ids["<|eot|>"], pad_token_id=ids["<|endoftext|>"])
+    vision = shrink(m.VisionConfig, model_type="muse_glimmer_vision", patch_size=14, pos_emb_height=4, pos_emb_width=4)
+    return {"model_type": "muse_glimmer", "text_config": text, "vision_config": vision,
+            "image_token_id": ids["<|patch|>"], "video_token_id": ids["<|video|>"], "out_hidden_size": 4 * WIDTH,
+            "projector_hidden_size": WIDTH, "eos_token_id": ids["<|eot|>"]}
+
+
+_add("muse_glimmer", Recipe(
+    specials=MUSE_SPECIALS, eos="<|eot|>", config=_muse_glimmer, named={"bos_token": "<|begin_of_text|>"},
+    template=_turns("{{ '<|header_start|>' + message['role'] + '<|header_end|>\\n\\n' }}", "<|patch|>", "<|eot|>",
+                    "<|header_start|>assistant<|header_end|>\\n\\n", start="{{ bos_token }}")))
