@@ -925,7 +925,8 @@ _add("gemma4_unified", Recipe(**{**RECIPES["gemma4"].__dict__, "config": _gemma4
 def _glm5_next(m, ids, vocab):
     text = shrink(m.TextConfig, model_type="glm5_next_text", vocab_size=vocab, num_key_value_heads=2,
                   qk_rope_head_dim=0, qk_nope_head_dim=16, layer_types=["linear_attention", "full_attention"],
-                  mlp_layer_types=["dense", "sparse"], index_n_heads=2, index_head_dim=16, linear_head_dim=16,
+                  mlp_layer_types=["dense", "sparse"], index_n_heads=2, index_head_dim=16, index_kpool=8,
+                  index_topk=16, linear_head_dim=16,  # two pools of 8 keys: a test prompt is sparse
                   linear_num_heads=2, eos_token_id=_glm_eos(ids), pad_token_id=ids["<|endoftext|>"])
     return {"model_type": "glm5_next", "text_config": text,
             "vision_config": shrink(m.VisionConfig, model_type="glm5_next_vision", projection_intermediate_size=64),
