@@ -10,7 +10,7 @@ model_type).
 
 import importlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List
 
 from vision_fixture import CHAT_TEMPLATE, SPECIALS, turn_template
@@ -905,17 +905,19 @@ _add("plamo2vl", Recipe(
 
 def _gemma4_unified(m, ids, vocab):
     config = _gemma4(m, ids, vocab)
+    # no per-layer inputs: the unified text config's default
     config["text_config"].update(model_type="gemma4_unified_text", hidden_size_per_layer_input=0)
+    # a position table as long as the longest side a 280-token picture can have
     vision = shrink(m.VisionConfig, model_type="gemma4_unified_vision", patch_size=16, pooling_kernel_size=3,
                     model_patch_size=48, mm_embed_dim=WIDTH, mm_posemb_size=280, output_proj_dims=WIDTH)
     return {**config, "model_type": "gemma4_unified", "vision_config": vision, "vision_soft_tokens_per_image": 280}
 
 
-_add("gemma4_unified", Recipe(**{**RECIPES["gemma4"].__dict__, "config": _gemma4_unified,
-                                 # 70 soft tokens a frame (the fewest its video processor allows), 48-pixel patches
-                                 "files": {"processor_config.json": {"video_processor": {
-                                     "patch_size": 16, "pooling_kernel_size": 3, "max_soft_tokens": 70,
-                                     "num_frames": 2}}}}))
+_add("gemma4_unified", replace(RECIPES["gemma4"], config=_gemma4_unified,
+                               # 70 soft tokens a frame (the fewest its video processor allows), 48-pixel patches
+                               files={"processor_config.json": {"video_processor": {
+                                   "patch_size": 16, "pooling_kernel_size": 3, "max_soft_tokens": 70,
+                                   "num_frames": 2}}}))
 
 
 # ---- GLM-5-Next: GLM-4V's tokens and template, a Qwen-like tower (patches of 14 merged 2x2), a GLM-5 text model
@@ -942,7 +944,8 @@ _add("glm5_next", Recipe(specials=GLM_SPECIALS, eos="<|endoftext|>", template=GL
 # ---- Step 3.7: a Perception Encoder tower and two stride-2 convolutions, a Step 3.5 text model (sliding and full
 # attention, MoE). Its processor fixes the picture at 728 pixels and 169 image tokens (13x13 after the two
 # convolutions), so the tower's patches stay 14 pixels (52x52 of them: one head, its attention is most of a case's
-# time); tiles only for pictures over 1.5:1.
+# time). Pictures are padded square first; only those over 728 pixels add 504-pixel tiles (81 tokens each), which
+# the test's small pictures do not reach.
 
 STEP_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<im_patch>", "<patch_start>", "<patch_end>",
                  "<patch_newline>", "<im_start>", "<im_end>"]
