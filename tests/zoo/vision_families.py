@@ -85,7 +85,6 @@ _HF = "transformers' {} ({}); no tiny recipe built here yet"
 
 # Families the installed library can run, for which no tiny model is built yet: what each needs.
 NOT_YET = {
-    "cohere_compass": _OWN.format("CohereCompassProcessor", "its own image processor, a Cohere text model"),
     "falcon_ocr": _OWN.format("FalconOCRProcessor", "transformers' PPDocLayoutV3 image processor; torch, not "
                                                               "installed, only for its optional layout stage"),
     "falcon_perception": _OWN.format("FalconPerceptionProcessor", "an AnyUp upsampler, detection outputs"),
@@ -96,8 +95,6 @@ NOT_YET = {
     "gemma3n": "its MobileNet-V5 tower is fixed in mlx-vlm's code (gemma3n_mobilenet_def: 4 stages of 128 to 1280 "
                "filters, some 80 blocks, a 2048-wide fusion adapter; no config field sizes it), so no config makes "
                "it tiny; Gemma3nProcessor, audio features, per-layer inputs; not built here",
-    "gemma4_unified": _OWN.format("Gemma4UnifiedProcessor", "the Gemma 4 text model, its own image and audio parts"),
-    "glm5_next": _OWN.format("Glm5NextProcessor", "its own tower, a GLM-5 text model"),
     "inkling": _OWN.format("InklingProcessor", "with mlx-audio for its audio features"),
     "mimo_v2": _OWN.format("MiMoV2Processor", "with mlx-audio's audio tokenizer for audio"),
     "minicpmo": _OWN.format("MiniCPMOProcessor", "SigLIP slices, Whisper audio, a Qwen3 text model"),
@@ -115,12 +112,10 @@ NOT_YET = {
     "minicpmv4_7": _OWN.format("MiniCPMV4_7Processor", "image slices, a Qwen 3.5 MoE text model; built on MiniCPM-V "
                                                        "4.6's processing code, so its server gap (see minicpmv4_6) "
                                                        "is expected here too"),
-    "minimax_m3_vl": _OWN.format("MiniMaxM3VLProcessor", "a CLIP tower, a MiniMax-M3 text model"),
     "molmo": _OWN.format("MolmoProcessor", "image crops, its own text model"),
     "molmo2": _OWN.format("Molmo2Processor", "image crops and pooling, its own text model"),
     "molmo_point": _OWN.format("MolmoPointProcessor", "Molmo 2 with point outputs"),
     "moondream3": _OWN.format("Moondream3Processor", "its own crops, a MoE text model"),
-    "muse_glimmer": _OWN.format("MuseGlimmerProcessor", "its own tower and text model"),
     "muse_spark": _OWN.format("MuseSparkProcessor", "image, video and audio parts"),
     "nemotron_h_nano_omni": _OWN.format("NemotronHNanoOmniProcessor", "a RADIO tower, Parakeet audio, a Nemotron-H "
                                                                       "hybrid text model"),
@@ -128,7 +123,6 @@ NOT_YET = {
     "phi3_v": "its CLIP tower is fixed in mlx-vlm's code (VisionModel.CLIP_VIT_LARGE_PATCH14_336_CONFIG: 24 layers, "
               "1024 wide, 336-pixel crops, 144 tokens a crop; the config's vision part is not read), so no config "
               "makes it tiny; Phi3VProcessor, a Phi-3 text model; not built here",
-    "step3p7": _OWN.format("Step3VLProcessor", "a Perception Encoder tower, a Step 3.5 MoE text model"),
 }
 NOT_BUILT.update(NOT_YET)
 
