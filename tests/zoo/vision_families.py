@@ -124,7 +124,6 @@ NOT_YET = {
     "molmo_point": _OWN.format("MolmoPointProcessor", "Molmo 2 with point outputs"),
     "moondream3": _OWN.format("Moondream3Processor", "its own crops, a MoE text model"),
     "muse_glimmer": _OWN.format("MuseGlimmerProcessor", "its own tower and text model"),
-    "muse_spark": _OWN.format("MuseSparkProcessor", "image, video and audio parts"),
     "nemotron_h_nano_omni": _OWN.format("NemotronHNanoOmniProcessor", "a RADIO tower, Parakeet audio, a Nemotron-H "
                                                                       "hybrid text model"),
     "nemotron_parse": _OWN.format("NemotronParseProcessor", "an encoder-decoder for document markup"),
@@ -155,6 +154,12 @@ LIBRARY_CANNOT = {
                 "processor is the checkpoint's own code (trust_remote_code, from the Hub)",
     "llmjpvl": "mlx-vlm ships no processor for it and transformers has none: its processor is the checkpoint's "
                "own code (trust_remote_code, from the Hub)",
+    # Found by building its model tiny and running its text model once (the same wall as mlx-lm's muse_spark).
+    "muse_spark": "its text model (mlx_vlm.models.muse_spark.language) calls mlx-vlm's fused kernels "
+                  "(mlx_vlm.kernels: qk_norm_rope, qk_norm, rms_norm_sigmoid_gate, expert_routing, norm_add_norm, "
+                  "pre_norm, post_expert_norm_combine, each an mx.fast.metal_kernel) with no other path: on the CPU "
+                  "its first attention raises \"RuntimeError: [metal_kernel] No Metal back-end.\" (its vision "
+                  "tower uses none)",
     # Found by building it tiny (a NaFlex tower named in mm_vision_tower) and asking the library.
     "phi4_siglip": "its processor (Phi4SigLipProcessor) makes the NaFlex image processor from transformers' "
                    "image_processing_siglip2, which imports torch (not installed here); its fallback is the "
