@@ -894,3 +894,39 @@ _add("plamo2vl", Recipe(
         "do_resize": True, "do_rescale": True, "do_normalize": True, "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
         "patch_size": _PLAMO_PATCH, "max_image_width": 2 * _PLAMO_TILE, "max_image_height": 2 * _PLAMO_TILE,
         "downsample_ratio": 1.0, "tile_context_length": 64}}))
+
+
+# ==== VIS-F's group: the omni families (image, video and audio parts; images only here, audio is not served)
+
+# ---- Nemotron 3 Nano Omni: a RADIO tower (patches of 16, a class token), pixel shuffle, a Nemotron-H hybrid
+# (Mamba 2 and attention) text model; its processor expands each <image> to <img><image>...</img>, one <image> a
+# merged 2x2 of patches, the count chosen by its patch budget (min/max_num_patches). No sound_config: no audio.
+
+NEMOTRON_OMNI_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<img>", "</img>", "<image>", "<video>",
+                          "<so_embedding>"]
+_RADIO_PATCH, _RADIO_GRID = 16, 8  # the position table: 8x8 patches (128 pixels); larger images are resized to it
+
+
+def _nemotron_h_nano_omni(m, ids, vocab):
+    # The Mamba 2 sizes nemotron_h has no generic shrink for: 4 heads of 16 (2 x hidden), one group.
+    text = shrink(m.TextConfig, TEXT, model_type="nemotron_h", vocab_size=vocab, hybrid_override_pattern=["M", "*"],
+                  mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=8, conv_kernel=4, n_groups=1,
+                  attention_bias=False, mamba_proj_bias=False, mlp_bias=False, use_bias=False, use_conv_bias=True,
+                  layer_norm_epsilon=1e-5)
+    vision = shrink(m.VisionConfig, model_type="radio", patch_size=_RADIO_PATCH, image_size=_RADIO_PATCH * _RADIO_GRID,
+                    max_resolution=_RADIO_PATCH * _RADIO_GRID)
+    return {"model_type": "nemotron_h_nano_omni", "text_config": text, "vision_config": vision,
+            "downsample_ratio": 0.5, "vit_hidden_size": WIDTH, "projector_hidden_size": WIDTH,
+            "img_context_token_id": ids["<image>"], "video_context_token_id": ids["<video>"],
+            "vocab_size": vocab, "eos_token_id": ids["<|im_end|>"]}
+
+
+_add("nemotron_h_nano_omni", Recipe(
+    specials=NEMOTRON_OMNI_SPECIALS, eos="<|im_end|>", config=_nemotron_h_nano_omni,
+    template=_turns("{{ '<|im_start|>' + message['role'] + '\\n' }}", "<image>\\n", "<|im_end|>\\n",
+                    "<|im_start|>assistant\\n", video="<video>\\n"),
+    files={"preprocessor_config.json": {"norm_mean": CLIP_MEAN, "norm_std": CLIP_STD, "patch_size": _RADIO_PATCH,
+                                        "downsample_ratio": 0.5, "min_num_patches": 16,
+                                        "max_num_patches": _RADIO_GRID ** 2, "max_model_len": 4096,
+                                        "video_target_num_patches": 16},
+           "processor_config.json": {"video_temporal_patch_dim": 2}}))
