@@ -102,7 +102,6 @@ NOT_YET = {
     "kimi_k3": _OWN.format("KimiK3Processor", "a 3-D MoonViT, a Kimi Linear text model; tiktoken only for "
                                               "legacy tiktoken.model checkpoints"),
     "locateanything": _OWN.format("LocateAnythingProcessor", "MoonViT, a Qwen2 text model, box outputs"),
-    "mimo_v2": _OWN.format("MiMoV2Processor", "with mlx-audio's audio tokenizer for audio"),
     "minicpmo": _OWN.format("MiniCPMOProcessor", "SigLIP slices, Whisper audio, a Qwen3 text model"),
     # Tried: a tiny build (2-layer SigLIP tower merged 16x, a Qwen 3.5 text model, 224-pixel images, no slices)
     # that mlx-vlm runs with the image changing its text. Our server refuses its images ("the prompt has no

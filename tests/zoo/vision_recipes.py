@@ -930,3 +930,23 @@ _add("nemotron_h_nano_omni", Recipe(
                                         "max_num_patches": _RADIO_GRID ** 2, "max_model_len": 4096,
                                         "video_target_num_patches": 16},
            "processor_config.json": {"video_temporal_patch_dim": 2}}))
+
+
+# ---- MiMo-V2: a Qwen-VL-like tower (patches of 16 with attention sinks), the Qwen 2.5-VL processor, a MiMo-V2-Flash
+# text model (sliding-window and full attention layers, MoE) with its parameters at the top level, as its
+# checkpoints have them. Its audio encoder is always built (20 code embeddings of 1280 x 1024 by default): shrunk.
+
+def _mimo_v2(m, ids, vocab):
+    text = shrink(m.TextConfig, model_type="mimo_v2", vocab_size=vocab, v_head_dim=16, swa_head_dim=16,
+                  swa_v_head_dim=16, swa_num_attention_heads=2, swa_num_key_value_heads=1,
+                  partial_rotary_factor=0.5,  # a whole number of rotated dims (its 0.334 of 16 is not)
+                  hybrid_layer_pattern=[1, 0], moe_layer_freq=[0, 1])
+    audio = {"out_hidden_size": WIDTH, "audio_channels": 2, "group_size": 4, "input_local_attn_heads": 2,
+             "input_local_dim": WIDTH, "input_local_head_dim": 16, "input_local_intermediate_size": 2 * WIDTH,
+             "input_local_layers": 1, "speech_vocab_size": 16, "speech_zeroemb_idx": 15}
+    vision = shrink(m.VisionConfig, model_type="mimovl", num_key_value_heads=1, qk_channels=16, patch_size=16,
+                    spatial_patch_size=16, fullatt_block_indexes=[])  # its one block windowed, with sinks
+    return {**text, "vision_config": vision, "audio_config": audio, **_qwen_ids(ids)}
+
+
+_add("mimo_v2", Recipe(**QWEN, config=_mimo_v2, files={"preprocessor_config.json": _qwen_preprocessor(16)}))
