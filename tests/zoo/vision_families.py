@@ -98,7 +98,6 @@ NOT_YET = {
                "it tiny; Gemma3nProcessor, audio features, per-layer inputs; not built here",
     "gemma4_unified": _OWN.format("Gemma4UnifiedProcessor", "the Gemma 4 text model, its own image and audio parts"),
     "glm5_next": _OWN.format("Glm5NextProcessor", "its own tower, a GLM-5 text model"),
-    "inkling": _OWN.format("InklingProcessor", "with mlx-audio for its audio features"),
     "kimi_k3": _OWN.format("KimiK3Processor", "a 3-D MoonViT, a Kimi Linear text model; tiktoken only for "
                                               "legacy tiktoken.model checkpoints"),
     "locateanything": _OWN.format("LocateAnythingProcessor", "MoonViT, a Qwen2 text model, box outputs"),

@@ -896,7 +896,8 @@ _add("plamo2vl", Recipe(
         "downsample_ratio": 1.0, "tile_context_length": 64}}))
 
 
-# ==== VIS-F's group: the omni families (image, video and audio parts; images only here, audio is not served)
+# ==== Omni families (image, video and audio parts): nemotron_h_nano_omni, mimo_v2, inkling. Images only here, as
+# audio is not served; muse_spark, the fourth of the group, cannot run on the CPU (vision_families.LIBRARY_CANNOT).
 
 # ---- Nemotron 3 Nano Omni: a RADIO tower (patches of 16, a class token), pixel shuffle, a Nemotron-H hybrid
 # (Mamba 2 and attention) text model; its processor expands each <image> to <img><image>...</img>, one <image> a
@@ -950,3 +951,33 @@ def _mimo_v2(m, ids, vocab):
 
 
 _add("mimo_v2", Recipe(**QWEN, config=_mimo_v2, files={"preprocessor_config.json": _qwen_preprocessor(16)}))
+
+
+# ---- Inkling: an attention-free tower (hierarchical MLPs folding each 40-pixel tile, both temporal slots, into one
+# soft token), a text model with short convolutions on k and v, learned relative-position logits, sliding and
+# global layers, a dense then a sigmoid-routed MoE layer. Its processor always cuts 40-pixel tiles (its
+# InklingImageProcessor is built with no arguments) and reads only the tokens from processor_config.json; it
+# imports mlx-audio (an mlx-vlm dependency, no torch) for its audio features even when only images come.
+
+INKLING_SPECIALS = ["<|pad|>", "<|end|>", "<|user|>", "<|assistant|>", "<|content_image|>", "<|image|>",
+                    "<|content_audio_input|>", "<|audio|>"]
+
+
+def _inkling(m, ids, vocab):
+    text = shrink(m.TextConfig, model_type="inkling", vocab_size=vocab, swa_num_attention_heads=2,
+                  swa_num_key_value_heads=1, swa_head_dim=16, sliding_window_size=16, rel_extent=64, d_rel=4,
+                  layer_types=["hybrid_sliding", "full_attention"], mlp_layer_types=["dense", "sparse"],
+                  dense_intermediate_size=2 * WIDTH, intermediate_size=WIDTH, n_shared_experts=1)
+    # One layer: the tile's 2 x 40 x 40 x 3 values straight to a token (more layers fold through 4800 channels).
+    vision = {"model_type": "inkling_vision", "patch_size": 40, "temporal_patch_size": 2, "n_layers": 1}
+    return {"model_type": "inkling", "text_config": text, "vision_config": vision,
+            "audio_config": {"model_type": "inkling_audio"}, "image_token_id": ids["<|image|>"],
+            "audio_token_id": ids["<|audio|>"], "vocab_size": vocab, "eos_token_id": [ids["<|end|>"]]}
+
+
+_add("inkling", Recipe(
+    specials=INKLING_SPECIALS, eos="<|end|>", config=_inkling,
+    template=_turns("{{ '<|' + message['role'] + '|>' }}", "<|content_image|><|image|>", "<|end|>",
+                    "<|assistant|>"),
+    files={"processor_config.json": {"image_token": "<|image|>", "image_bos_token": "<|content_image|>",
+                                     "audio_token": "<|audio|>", "audio_bos_token": "<|content_audio_input|>"}}))
