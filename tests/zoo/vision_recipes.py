@@ -905,7 +905,9 @@ _add("plamo2vl", Recipe(
 
 NEMOTRON_OMNI_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<img>", "</img>", "<image>", "<video>",
                           "<so_embedding>"]
-_RADIO_PATCH, _RADIO_GRID = 16, 8  # the position table: 8x8 patches (128 pixels); larger images are resized to it
+# The position table: 8x8 patches (its default, 2048 pixels, is 128x128 of them: 2 MB), interpolated for other
+# grids; the processor's budget (max_num_patches) keeps an image to 64 patches.
+_RADIO_PATCH, _RADIO_GRID = 16, 8
 
 
 def _nemotron_h_nano_omni(m, ids, vocab):
