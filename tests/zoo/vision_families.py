@@ -95,8 +95,6 @@ NOT_YET = {
     "gemma3n": "its MobileNet-V5 tower is fixed in mlx-vlm's code (gemma3n_mobilenet_def: 4 stages of 128 to 1280 "
                "filters, some 80 blocks, a 2048-wide fusion adapter; no config field sizes it), so no config makes "
                "it tiny; Gemma3nProcessor, audio features, per-layer inputs; not built here",
-    "inkling": _OWN.format("InklingProcessor", "with mlx-audio for its audio features"),
-    "mimo_v2": _OWN.format("MiMoV2Processor", "with mlx-audio's audio tokenizer for audio"),
     "minicpmo": _OWN.format("MiniCPMOProcessor", "SigLIP slices, Whisper audio, a Qwen3 text model"),
     # Tried: a tiny build (2-layer SigLIP tower merged 16x, a Qwen 3.5 text model, 224-pixel images, no slices)
     # that mlx-vlm runs with the image changing its text. Our server refuses its images ("the prompt has no
@@ -116,9 +114,6 @@ NOT_YET = {
     "molmo2": _OWN.format("Molmo2Processor", "image crops and pooling, its own text model"),
     "molmo_point": _OWN.format("MolmoPointProcessor", "Molmo 2 with point outputs"),
     "moondream3": _OWN.format("Moondream3Processor", "its own crops, a MoE text model"),
-    "muse_spark": _OWN.format("MuseSparkProcessor", "image, video and audio parts"),
-    "nemotron_h_nano_omni": _OWN.format("NemotronHNanoOmniProcessor", "a RADIO tower, Parakeet audio, a Nemotron-H "
-                                                                      "hybrid text model"),
     "nemotron_parse": _OWN.format("NemotronParseProcessor", "an encoder-decoder for document markup"),
     "phi3_v": "its CLIP tower is fixed in mlx-vlm's code (VisionModel.CLIP_VIT_LARGE_PATCH14_336_CONFIG: 24 layers, "
               "1024 wide, 336-pixel crops, 144 tokens a crop; the config's vision part is not read), so no config "
@@ -141,6 +136,12 @@ LIBRARY_CANNOT = {
                 "processor is the checkpoint's own code (trust_remote_code, from the Hub)",
     "llmjpvl": "mlx-vlm ships no processor for it and transformers has none: its processor is the checkpoint's "
                "own code (trust_remote_code, from the Hub)",
+    # Found by building its model tiny and running its text model once (the same wall as mlx-lm's muse_spark).
+    "muse_spark": "its text model (mlx_vlm.models.muse_spark.language) calls mlx-vlm's fused kernels "
+                  "(mlx_vlm.kernels: qk_norm_rope, qk_norm, rms_norm_sigmoid_gate, expert_routing, norm_add_norm, "
+                  "pre_norm, post_expert_norm_combine, each an mx.fast.metal_kernel) with no other path: on the CPU "
+                  "its first attention raises \"RuntimeError: [metal_kernel] No Metal back-end.\" (its vision "
+                  "tower uses none)",
     # Found by building it tiny (a NaFlex tower named in mm_vision_tower) and asking the library.
     "phi4_siglip": "its processor (Phi4SigLipProcessor) makes the NaFlex image processor from transformers' "
                    "image_processing_siglip2, which imports torch (not installed here); its fallback is the "
