@@ -219,6 +219,30 @@ def _embedded_test_image(parts: "VisionParts"):
     return ids, features
 
 
+def placed_token_ids(vlm, ids, features) -> List[int]:
+    """The token ids whose embeddings the test image's features replaced or changed: the
+    family's media tokens, for a config that names none (Molmo's processor writes <im_patch>
+    runs its config never mentions; Moondream 3's holds the image at runs of id 0). Read from
+    what the embedding step did, not from a name: the same prompt embedded without the image
+    differs exactly there. Empty when the step cannot embed without pixels or changes the
+    prompt's length (the batch_obstacle case)."""
+    import mlx.core as mx
+    import numpy as np
+
+    from loaders.loaded import evaluate
+
+    try:
+        plain = vlm.get_input_embeddings(ids, None).inputs_embeds
+        evaluate(plain)
+    except Exception:  # a family whose step wants its own inputs even without an image
+        return []
+    placed = features.inputs_embeds
+    if plain.shape != placed.shape:
+        return []
+    changed = mx.any(plain.astype(mx.float32) != placed.astype(mx.float32), axis=-1).reshape(-1)
+    return sorted({int(t) for t in np.array(ids).reshape(-1)[np.array(changed)]})
+
+
 def batch_obstacle(ids, features) -> Optional[str]:
     """Why the batch cannot give mlx-vlm's text for this family (None: it can), from a test
     image's prompt ids and embedding-step outputs. mlx-vlm's own generation step (the solo
@@ -301,9 +325,12 @@ def load_vision(spec, source: str, started: float):
         parts.video_block = _image_block(processor, tokenizer).replace(
             getattr(processor, "image_token", "<image>"), getattr(processor, "video_token", "<video>"))
     try:
-        obstacle = batch_obstacle(*_embedded_test_image(parts))
+        ids, features = _embedded_test_image(parts)
     except ModelLoadError as e:
         raise ModelLoadError(f"{source}: {parts.model_type} images cannot be served here: {e}") from None
+    if not parts.media_token_ids:
+        parts.media_token_ids = placed_token_ids(vlm, ids, features)
+    obstacle = batch_obstacle(ids, features)
     parts.batch_obstacle = obstacle  # the lane choice sends such a family to the solo lane
     ctx = spec.context_size or int(config.get("max_position_embeddings")
                                    or config.get("text_config", {}).get("max_position_embeddings") or 4096)
