@@ -894,3 +894,39 @@ _add("plamo2vl", Recipe(
         "do_resize": True, "do_rescale": True, "do_normalize": True, "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
         "patch_size": _PLAMO_PATCH, "max_image_width": 2 * _PLAMO_TILE, "max_image_height": 2 * _PLAMO_TILE,
         "downsample_ratio": 1.0, "tile_context_length": 64}}))
+
+
+# ==== VIS-B's group: Molmo, Molmo 2, MolmoPoint, Moondream 3 ====
+
+# ---- Molmo: a CLIP-like tower on overlapping crops (a global view first), 2x2 attention pooling, its own text
+# model (fused QKV, extra embedding rows). Its processor writes each image's tokens itself, ahead of the text, and the
+# checkpoints' tokenizer has no chat template (mlx-vlm then prompts with the bare question). Crops of 112 pixels: 8x8
+# patches of 14, pooled to 4x4 tokens; margins of two patches (even, or the processor's token count and its patch
+# order disagree) leave a 4-patch window between crops.
+
+MOLMO_SPECIALS = ["<|endoftext|>", "<im_start>", "<im_end>", "<im_patch>", "<im_col>", "<|image|>"]
+_MOLMO_CROP, _MOLMO_PATCH = 112, 14
+
+
+def _molmo(m, ids, vocab):
+    # Its own names for the text model's sizes (the generic shrink knows none of them).
+    text = shrink(m.TextConfig, model_type="molmo", d_model=WIDTH, n_heads=2, n_kv_heads=1, n_layers=2,
+                  mlp_hidden_size=4 * WIDTH, vocab_size=vocab, embedding_size=vocab, additional_vocab_size=8)
+    vision = shrink(m.VisionConfig, model_type="molmo", image_default_input_size=[_MOLMO_CROP, _MOLMO_CROP],
+                    image_patch_size=_MOLMO_PATCH, image_pos_patch_size=_MOLMO_PATCH,
+                    image_num_pos=(_MOLMO_CROP // _MOLMO_PATCH) ** 2 + 1, image_emb_dim=WIDTH, image_num_heads=2,
+                    image_num_key_value_heads=2, image_num_layers=2, image_head_dim=16, image_mlp_dim=2 * WIDTH,
+                    d_model=WIDTH, vit_layers=[-1, -2],
+                    intermediate_size=None)  # here the patch's pixel count, derived from the patch size
+    return {"model_type": "molmo", "text_config": text, "vision_config": vision, "vocab_size": vocab,
+            "eos_token_id": [ids["<|endoftext|>"]]}
+
+
+_add("molmo", Recipe(
+    specials=MOLMO_SPECIALS, eos="<|endoftext|>", template=None, config=_molmo,
+    files={"preprocessor_config.json": {"max_crops": 4, "overlap_margins": [2, 2],
+                                        "base_image_input_size": [_MOLMO_CROP, _MOLMO_CROP],
+                                        "image_token_length_w": 4, "image_token_length_h": 4,
+                                        "image_patch_size": _MOLMO_PATCH, "image_padding_mask": True,
+                                        "image_mean": CLIP_MEAN, "image_std": CLIP_STD}}))
+
