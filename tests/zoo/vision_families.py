@@ -119,7 +119,6 @@ NOT_YET = {
                                                        "4.6's processing code, so its server gap (see minicpmv4_6) "
                                                        "is expected here too"),
     "minimax_m3_vl": _OWN.format("MiniMaxM3VLProcessor", "a CLIP tower, a MiniMax-M3 text model"),
-    "molmo2": _OWN.format("Molmo2Processor", "image crops and pooling, its own text model"),
     "molmo_point": _OWN.format("MolmoPointProcessor", "Molmo 2 with point outputs"),
     "moondream3": _OWN.format("Moondream3Processor", "its own crops, a MoE text model"),
     "muse_glimmer": _OWN.format("MuseGlimmerProcessor", "its own tower and text model"),

@@ -930,3 +930,42 @@ _add("molmo", Recipe(
                                         "image_patch_size": _MOLMO_PATCH, "image_padding_mask": True,
                                         "image_mean": CLIP_MEAN, "image_std": CLIP_STD}}))
 
+
+# ---- Molmo 2: Molmo's crops (the low-resolution view first) on a SigLIP-like tower, attention pooling over 2x2
+# patches, a Qwen3-like text model; its token ids are config fields. Its processor expands each <|image|> of the
+# chat into the image's tokens. mlx-vlm's loader replaces the processor's image processor with one made with no
+# arguments (the module's ImageProcessor), so crops are always 378 pixels, 27x27 patches of 14 pooled to 14x14 tokens
+# (a picture of the test's size: a low-resolution view and one crop, some 420 tokens): the tower takes 729 positions,
+# and one block of it is most of a request's time here.
+# The tower's and the adapter's configs have no "Vision" in their names: the generic shrink is told which table.
+
+from zoo.vision_shrink import VISION  # noqa: E402  (imported here: this section is one group's)
+
+MOLMO2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|image|>", "<im_patch>", "<im_low>", "<im_start>",
+                   "<low_res_im_start>", "<im_end>", "<im_col>", "<frame_start>", "<frame_end>"]
+MOLMO2_TEMPLATE = _turns("{{ '<|im_start|>' + message['role'] + '\\n' }}", "<|image|>", "<|im_end|>\\n",
+                         "<|im_start|>assistant\\n")
+
+
+def _molmo2_ids(ids) -> dict:
+    return {"image_start_token_id": ids["<im_start>"], "low_res_image_start_token_id": ids["<low_res_im_start>"],
+            "image_end_token_id": ids["<im_end>"], "image_low_res_id": ids["<im_low>"],
+            "image_patch_id": ids["<im_patch>"], "image_col_id": ids["<im_col>"],
+            "frame_start_token_id": ids["<frame_start>"], "frame_end_token_id": ids["<frame_end>"],
+            "eos_token_id": [ids["<|im_end|>"]]}
+
+
+def _molmo2_vit(m, **fields) -> dict:
+    return shrink(m, VISION, num_key_value_heads=2, head_dim=16, **fields)
+
+
+def _molmo2(m, ids, vocab):
+    vit = _molmo2_vit(m.VitConfig, image_default_input_size=[378, 378], image_patch_size=14, image_num_pos=27 * 27)
+    adapter = _molmo2_vit(m.AdapterConfig, text_hidden_size=WIDTH, vit_layers=[-1])
+    return {"model_type": "molmo2", "text_config": shrink(m.TextConfig, model_type="molmo2", vocab_size=vocab,
+                                                          additional_vocab_size=8),
+            "vision_config": {"vit_config": vit, "adapter_config": adapter}, **_molmo2_ids(ids)}
+
+
+_add("molmo2", Recipe(specials=MOLMO2_SPECIALS, eos="<|im_end|>", template=MOLMO2_TEMPLATE, config=_molmo2,
+                      scale=2.0))  # at 4x one picture's text is one token repeated
