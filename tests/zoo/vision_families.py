@@ -120,7 +120,6 @@ NOT_YET = {
                                                        "is expected here too"),
     "minimax_m3_vl": _OWN.format("MiniMaxM3VLProcessor", "a CLIP tower, a MiniMax-M3 text model"),
     "molmo_point": _OWN.format("MolmoPointProcessor", "Molmo 2 with point outputs"),
-    "moondream3": _OWN.format("Moondream3Processor", "its own crops, a MoE text model"),
     "muse_glimmer": _OWN.format("MuseGlimmerProcessor", "its own tower and text model"),
     "muse_spark": _OWN.format("MuseSparkProcessor", "image, video and audio parts"),
     "nemotron_h_nano_omni": _OWN.format("NemotronHNanoOmniProcessor", "a RADIO tower, Parakeet audio, a Nemotron-H "

@@ -969,3 +969,25 @@ def _molmo2(m, ids, vocab):
 
 _add("molmo2", Recipe(specials=MOLMO2_SPECIALS, eos="<|im_end|>", template=MOLMO2_TEMPLATE, config=_molmo2,
                       scale=2.0))  # at 4x one picture's text is one token repeated
+
+
+# ---- Moondream 3: a SigLIP-like tower on a global 378-pixel crop and local crops (pooled back to its 27x27 grid), a
+# MoE text model with learned temperatures and partial RoPE. Its processor writes the prompt itself (BOS, 729
+# placeholders of id 0, "Question: ... Answer: ", the answer token 3): the 729 and those ids are fixed in its code,
+# so the tower keeps 378-pixel crops of 14-pixel patches, and the tokenizer's first specials sit at ids 0 and 3 (its
+# end-of-text, id 0, is also the BOS and the placeholder). No chat template: mlx-vlm hands it the bare question.
+
+MOONDREAM_SPECIALS = ["<|endoftext|>", "<|md_reserved_0|>", "<|md_reserved_1|>", "<|md_answer|>", "<|md_thinking|>"]
+
+
+def _moondream3(m, ids, vocab):
+    assert ids["<|endoftext|>"] == 0 and ids["<|md_answer|>"] == 3  # the ids its processor writes
+    # As many key-value heads as heads: its learned temperature scales the values per query head.
+    text = shrink(m.TextConfig, vocab_size=vocab, num_key_value_heads=2, rope_dim=8, moe_start_layer=1)
+    vision = shrink(m.VisionConfig, crop_size=378, patch_size=14, max_crops=2, proj_inner_dim=2 * WIDTH,
+                    proj_out_dim=WIDTH)
+    return {"model_type": "moondream3", "text_config": text, "vision_config": vision, "eos_token_id": 0,
+            "bos_token_id": 0}
+
+
+_add("moondream3", Recipe(specials=MOONDREAM_SPECIALS, eos="<|endoftext|>", template=None, config=_moondream3))

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import mlx.core as mx
+import numpy as np
 
 from engine.lanes.batch import Capabilities
 from engine.lanes.sampling import SamplingParams
@@ -65,6 +66,21 @@ class _Prefill:
     features: Dict[str, Any] = field(default_factory=dict)
     positions: Any = None
     delta: int = 0
+
+
+def engine_arrays(media) -> Dict[str, Any]:
+    """A request's processor outputs (prepare/vision.py: numpy arrays, and lists or numbers as the
+    processor made them) with MLX arrays made here, on the engine thread, in the same nesting."""
+    def made(value):
+        if isinstance(value, np.ndarray):
+            return mx.array(value)
+        if isinstance(value, (list, tuple)):
+            return type(value)(made(v) for v in value)
+        if isinstance(value, dict):
+            return {k: made(v) for k, v in value.items()}
+        return value
+
+    return {k: made(v) for k, v in media.arrays.items()} if media is not None else {}
 
 
 class VisionBatch(TextBatch):
@@ -110,7 +126,7 @@ class VisionBatch(TextBatch):
         decode = self.lm.model
         lm = decode.lm
         ids = mx.array([p.prompt])
-        arrays = {k: mx.array(v) for k, v in p.media.arrays.items()} if p.media is not None else {}
+        arrays = engine_arrays(p.media)
         if decode.mrope:  # no vision tower needed for positions: a warm prefix skips it
             wanted = inspect.signature(lm.get_rope_index).parameters
             p.positions, deltas = lm.get_rope_index(ids, **{k: v for k, v in arrays.items() if k in wanted})

@@ -1,5 +1,6 @@
-"""The media tokens of a vision model, learned at load where its config names none
-(loaders/vision_model.placed_token_ids), without a server.
+"""What preparation makes of a vision request, without a server: the model's media tokens,
+learned at load where its config names none (loaders/vision_model.placed_token_ids), and
+every processor output the library's own generation hands the model.
 
 Molmo's config names no image token: its processor writes <im_start>, runs of <im_patch>
 split by <im_col>, and <im_end> around each image, and only the <im_patch> positions take
@@ -7,6 +8,11 @@ image features. Loaded, the model's media tokens must be exactly that one id (re
 from the tokenizer, not from the loader), and a request with an image must be accepted
 (before, preparation refused it: "the prompt has no place for them"). For Qwen2-VL, whose
 config names its tokens, what the embedding step changed is the config's image token.
+
+Moondream 3's processor returns, beside its pixels, the crops per image and their layout
+as lists: its tower needs them to tell an image's crops apart (without them it took the
+two crops of one picture for two pictures and the request failed). They must reach the
+engine as the library's processor made them.
 """
 
 import pytest
@@ -41,3 +47,28 @@ def test_the_placed_tokens_are_the_configs_image_token_where_it_names_one():
     lm = _load("qwen2_vl")
     ids, features = _embedded_test_image(lm.vision)
     assert placed_token_ids(lm.vision.vlm, ids, features) == [lm.vision.vlm.config.image_token_id]
+
+
+def test_the_processors_outputs_that_are_not_arrays_reach_the_engine():
+    import io
+
+    import numpy as np
+    from PIL import Image
+    from mlx_vlm.prompt_utils import apply_chat_template
+    from mlx_vlm.utils import prepare_inputs
+
+    from engine.lanes.vision_batch import engine_arrays
+
+    lm = _load("moondream3")
+    chat = backend_pb2.PredictOptions(Messages=[backend_pb2.Message(role="user", content="Describe this.")],
+                                      UseTokenizerTemplate=True, Images=[image_b64(1)])
+    _, ids, media = vision_prompt(lm, chat, [], {})
+    parts = lm.vision
+    image = Image.open(io.BytesIO(__import__("base64").b64decode(image_b64(1)))).convert("RGB")
+    own = prepare_inputs(parts.processor, images=[image],
+                         prompts=apply_chat_template(parts.processor, parts.vlm.config, "Describe this.", num_images=1))
+    assert ids == np.array(own["input_ids"]).reshape(-1).tolist()
+    for name in ("num_crops", "crop_layouts"):
+        assert media.arrays[name] == own[name], name
+    made = engine_arrays(media)
+    assert made["num_crops"] == own["num_crops"] and made["pixel_values"].shape == own["pixel_values"].shape
