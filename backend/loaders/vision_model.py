@@ -243,6 +243,20 @@ def placed_token_ids(vlm, ids, features) -> List[int]:
     return sorted({int(t) for t in np.array(ids).reshape(-1)[np.array(changed)]})
 
 
+def whole_model_steps(vlm) -> Optional[str]:
+    """Why the batch cannot decode this family (None: it can) when its language model is the
+    whole model: mlx-vlm then runs every step through the VLM's own call, which keeps the last
+    image's state on the module (MolmoPoint: the point predictor's keys, the tokens generated
+    so far). The batch runs every row through that one module: a second request's image would
+    replace the first's state while both decode, and one request's points would come from
+    another's picture (its text does not show it until the model points)."""
+    if getattr(vlm, "language_model", None) is vlm:
+        return ("its language model is the whole model, which keeps the last image's state between steps "
+                "(mlx-vlm's own generation runs one request through it at a time); the batch would share "
+                "that state between its requests")
+    return None
+
+
 def batch_obstacle(ids, features) -> Optional[str]:
     """Why the batch cannot give mlx-vlm's text for this family (None: it can), from a test
     image's prompt ids and embedding-step outputs. mlx-vlm's own generation step (the solo
@@ -330,8 +344,8 @@ def load_vision(spec, source: str, started: float):
         raise ModelLoadError(f"{source}: {parts.model_type} images cannot be served here: {e}") from None
     if not parts.media_token_ids:
         parts.media_token_ids = placed_token_ids(vlm, ids, features)
-    obstacle = batch_obstacle(ids, features)
-    parts.batch_obstacle = obstacle  # the lane choice sends such a family to the solo lane
+    # The lane choice sends such a family to the solo lane.
+    parts.batch_obstacle = whole_model_steps(vlm) or batch_obstacle(ids, features)
     ctx = spec.context_size or int(config.get("max_position_embeddings")
                                    or config.get("text_config", {}).get("max_position_embeddings") or 4096)
     mx.clear_cache()

@@ -25,6 +25,12 @@ from prepare.vision import vision_prompt  # noqa: E402
 from vision_fixture import image_b64, tiny_vision  # noqa: E402
 
 
+def _chat(seed):
+    """One user turn with one picture, templated as mlx-vlm templates it."""
+    return backend_pb2.PredictOptions(Messages=[backend_pb2.Message(role="user", content="Describe this.")],
+                                      UseTokenizerTemplate=True, Images=[image_b64(seed)])
+
+
 def _load(family):
     from loaders.model_loader import LoadSpec, load
 
@@ -60,9 +66,7 @@ def test_the_processors_outputs_that_are_not_arrays_reach_the_engine():
     from engine.lanes.vision_batch import engine_arrays
 
     lm = _load("moondream3")
-    chat = backend_pb2.PredictOptions(Messages=[backend_pb2.Message(role="user", content="Describe this.")],
-                                      UseTokenizerTemplate=True, Images=[image_b64(1)])
-    _, ids, media = vision_prompt(lm, chat, [], {})
+    _, ids, media = vision_prompt(lm, _chat(1), [], {})
     parts = lm.vision
     image = Image.open(io.BytesIO(__import__("base64").b64decode(image_b64(1)))).convert("RGB")
     own = prepare_inputs(parts.processor, images=[image],
@@ -72,3 +76,36 @@ def test_the_processors_outputs_that_are_not_arrays_reach_the_engine():
         assert media.arrays[name] == own[name], name
     made = engine_arrays(media)
     assert made["num_crops"] == own["num_crops"] and made["pixel_values"].shape == own["pixel_values"].shape
+
+
+def test_a_model_that_keeps_the_images_state_on_itself_is_not_batched():
+    """MolmoPoint's language model is the whole model: its next step's point logits come from the
+    last image it embedded, kept on the module. Two requests in one batch would share it (shown
+    here with the library's model alone), so the loader sends it to the solo lane."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    lm = _load("molmo_point")
+    vlm, vocab = lm.vision.vlm, lm.tokenizer.vocab_size
+
+    def prepared(seed):
+        _, ids, media = vision_prompt(lm, _chat(seed), [], {})
+        arrays = {k: mx.array(v) for k, v in media.arrays.items()}
+        return mx.array([ids]), arrays
+
+    def prefilled(ids, arrays):
+        cache = make_prompt_cache(vlm.language_model)
+        pixels = arrays.pop("pixel_values")
+        embeds = vlm.get_input_embeddings(ids, pixels, **arrays).inputs_embeds
+        token = mx.argmax(vlm(ids, inputs_embeds=embeds, cache=cache).logits[:, -1, :vocab], axis=-1)
+        return cache, token[:, None]
+
+    first, second = prepared(1), prepared(2)
+    cache, token = prefilled(*first)
+    alone = vlm(token, cache=cache).logits[0, -1]
+    cache, token = prefilled(*prepared(1))
+    prefilled(*second)  # a second request joins before the first's next step
+    shared = vlm(token, cache=cache).logits[0, -1]
+    assert mx.array_equal(alone[:vocab], shared[:vocab])  # its text alone does not show it
+    assert not mx.array_equal(alone[vocab:], shared[vocab:])  # its points come from the other picture
+    assert "whole model" in lm.vision.batch_obstacle

@@ -119,7 +119,6 @@ NOT_YET = {
                                                        "4.6's processing code, so its server gap (see minicpmv4_6) "
                                                        "is expected here too"),
     "minimax_m3_vl": _OWN.format("MiniMaxM3VLProcessor", "a CLIP tower, a MiniMax-M3 text model"),
-    "molmo_point": _OWN.format("MolmoPointProcessor", "Molmo 2 with point outputs"),
     "muse_glimmer": _OWN.format("MuseGlimmerProcessor", "its own tower and text model"),
     "muse_spark": _OWN.format("MuseSparkProcessor", "image, video and audio parts"),
     "nemotron_h_nano_omni": _OWN.format("NemotronHNanoOmniProcessor", "a RADIO tower, Parakeet audio, a Nemotron-H "

@@ -955,13 +955,18 @@ def _molmo2_ids(ids) -> dict:
             "eos_token_id": [ids["<|im_end|>"]]}
 
 
-def _molmo2_vit(m, **fields) -> dict:
-    return shrink(m, VISION, num_key_value_heads=2, head_dim=16, **fields)
+def _molmo2_tower(vit_class, adapter_class):
+    """(the tower's config, the adapter's): one block at the 378-pixel crops the processor makes, pooled into
+    the text model's width."""
+    def sized(config_class, **fields):
+        return shrink(config_class, VISION, num_key_value_heads=2, head_dim=16, **fields)
+
+    return (sized(vit_class, image_default_input_size=[378, 378], image_patch_size=14, image_num_pos=27 * 27),
+            sized(adapter_class, text_hidden_size=WIDTH, vit_layers=[-1]))
 
 
 def _molmo2(m, ids, vocab):
-    vit = _molmo2_vit(m.VitConfig, image_default_input_size=[378, 378], image_patch_size=14, image_num_pos=27 * 27)
-    adapter = _molmo2_vit(m.AdapterConfig, text_hidden_size=WIDTH, vit_layers=[-1])
+    vit, adapter = _molmo2_tower(m.VitConfig, m.AdapterConfig)
     return {"model_type": "molmo2", "text_config": shrink(m.TextConfig, model_type="molmo2", vocab_size=vocab,
                                                           additional_vocab_size=8),
             "vision_config": {"vit_config": vit, "adapter_config": adapter}, **_molmo2_ids(ids)}
@@ -991,3 +996,29 @@ def _moondream3(m, ids, vocab):
 
 
 _add("moondream3", Recipe(specials=MOONDREAM_SPECIALS, eos="<|endoftext|>", template=None, config=_moondream3))
+
+
+# ---- MolmoPoint: Molmo 2 that points: the same crops, tower and text model, plus a point predictor whose patch,
+# subpatch and location tokens extend the vocabulary past the head's rows (its config names the tokens they stand
+# for). Its processor marks the low-resolution view's patches <im_low> (not indexable by a point) and puts a BOS
+# first; mlx-vlm's loader makes its image processor with no arguments, as for Molmo 2, and its sanitize casts every
+# float32 weight to float16 (it runs in float16, in the library and here). The point tokens are specials, so their
+# rows of the head are shrunk and the tiny model's text never points: what is compared is its text.
+
+MOLMO_POINT_SPECIALS = MOLMO2_SPECIALS + ["<|point_patch|>", "<|point_subpatch|>", "<|point_location|>"]
+
+
+def _molmo_point(m, ids, vocab):
+    vit, adapter = _molmo2_tower(m.VisionConfig, m.AdapterConfig)
+    molmo2 = _molmo2_ids(ids)
+    return {"model_type": "molmo_point", "text_config": shrink(m.TextConfig, vocab_size=vocab, additional_vocab_size=8),
+            "vision_config": vit, "adapter_config": adapter, "patch_embed_dim": 16,
+            **{k: molmo2[k] for k in ("image_start_token_id", "image_end_token_id", "image_patch_id", "image_col_id",
+                                      "frame_start_token_id", "frame_end_token_id", "eos_token_id")},
+            "image_high_res_id": ids["<im_patch>"], "image_non_indexable_patch_id": ids["<im_low>"],
+            "patch_token_id": ids["<|point_patch|>"], "subpatch_token_id": ids["<|point_subpatch|>"],
+            "location_token_id": ids["<|point_location|>"]}
+
+
+_add("molmo_point", Recipe(specials=MOLMO_POINT_SPECIALS, eos="<|im_end|>", template=MOLMO2_TEMPLATE,
+                           config=_molmo_point, scale=2.0))
