@@ -159,6 +159,18 @@ class VisionParts:
         return getattr(self.vlm.config, "model_type", None) or self.model_type
 
 
+def each_array(value, make):
+    """`value` with `make` applied to each array in it (anything with a shape), through the lists,
+    tuples and dicts a processor's outputs nest them in; other values as they are."""
+    if hasattr(value, "shape"):
+        return make(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(each_array(v, make) for v in value)
+    if isinstance(value, dict):
+        return {k: each_array(v, make) for k, v in value.items()}
+    return value
+
+
 def _video_options(options, bounds) -> Dict[str, Any]:
     """Frame sampling: the fps from the load options (else the processor's), never more
     frames than the bound the pixel budget counted with."""
@@ -170,14 +182,37 @@ def _video_options(options, bounds) -> Dict[str, Any]:
     return out
 
 
-def _image_block(processor, tokenizer) -> str:
+def _image_block(processor, tokenizer, config) -> str:
     """One image as prompt text: the processor's image token, in vision start/end
-    markers when the vocabulary has them (Qwen-VL), as their chat templates write it."""
-    token = getattr(processor, "image_token", None) or "<image>"
+    markers when the vocabulary has them (Qwen-VL), as their chat templates write it; for a
+    processor that names no image token, what mlx-vlm's own chat formatting writes for one."""
+    token = getattr(processor, "image_token", None)
+    if token is None:
+        return _formatted_image_block(processor, config)
     vocab = tokenizer.get_vocab()
     if "<|vision_start|>" in vocab and "<|vision_end|>" in vocab:
         return f"<|vision_start|>{token}<|vision_end|>"
     return token
+
+
+def _formatted_image_block(processor, config) -> str:
+    """The text mlx-vlm's chat formatting adds to a turn for one image: Molmo 2's processor expands
+    <|image|>, a name only its code holds; Molmo's and Moondream 3's write an image's tokens
+    themselves, so nothing (a marker's text would reach their prompt as words). "<image>" where
+    the formatting is not one insertion or fails."""
+    import os
+
+    from mlx_vlm.prompt_utils import apply_chat_template
+
+    text = "Describe this."
+    try:
+        with_image, without = (apply_chat_template(processor, config, text, num_images=n) for n in (1, 0))
+    except Exception:  # a template that needs more than one plain turn
+        return "<image>"
+    start = len(os.path.commonprefix([with_image, without]))
+    end = len(os.path.commonprefix([with_image[start:][::-1], without[start:][::-1]]))
+    block = with_image[start:len(with_image) - end]
+    return block if with_image[:start] + with_image[len(with_image) - end:] == without else "<image>"
 
 
 def _test_image_inputs(parts: "VisionParts"):
@@ -331,12 +366,12 @@ def load_vision(spec, source: str, started: float):
     video_id = getattr(cfg, "video_token_id", None)
     parts = VisionParts(
         vlm=vlm, processor=processor, model_type=config.get("model_type", ""), media_token_ids=media_ids,
-        image_block=_image_block(processor, tokenizer), bounds=bounds,
+        image_block=_image_block(processor, tokenizer, vlm.config), bounds=bounds,
         # Video through the processor's video component and the model's video token (Qwen-VL).
         takes_video=isinstance(video_id, int) and getattr(processor, "video_processor", None) is not None,
         extra=_video_options(spec.options, bounds))
     if parts.takes_video:
-        parts.video_block = _image_block(processor, tokenizer).replace(
+        parts.video_block = parts.image_block.replace(
             getattr(processor, "image_token", "<image>"), getattr(processor, "video_token", "<video>"))
     try:
         ids, features = _embedded_test_image(parts)

@@ -22,6 +22,7 @@ from common.python_utils import OptionError
 from engine import EngineError
 from loaders import media_bounds
 from loaders.media_bounds import Extent
+from loaders.vision_model import each_array
 
 from . import spec as spec_
 from .render_guard import bounded
@@ -192,21 +193,10 @@ def _expand(lm, text: str, images: list, videos: List[str]) -> Tuple[List[int], 
     # Everything else the processor made, as mlx-vlm's generation hands it to the model: the attention mask
     # (PaliGemma's and Gemma 3's embedding steps build a 4-D mask from it), and values that are not arrays
     # (Moondream 3's crops per image and their layout: without them its tower takes the crops for images).
-    arrays = {k: _portable(v) for k, v in inputs.items() if v is not None and k != "input_ids"}
+    # Their arrays as numpy: an MLX array made here would belong to this thread's stream.
+    arrays = {k: each_array(v, np.array) for k, v in inputs.items() if v is not None and k != "input_ids"}
     ids = np.array(inputs["input_ids"]).reshape(-1).tolist()
     return ids, arrays
-
-
-def _portable(value):
-    """A processor output with its arrays as numpy (an MLX array made here would belong to this
-    thread's stream): lists, tuples and dicts of them kept as they are."""
-    if hasattr(value, "shape"):
-        return np.array(value)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_portable(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _portable(v) for k, v in value.items()}
-    return value
 
 
 def vision_prompt(lm, opts, tools, template_kwargs) -> Optional[Tuple[str, List[int], VisionInputs]]:

@@ -109,3 +109,16 @@ def test_a_model_that_keeps_the_images_state_on_itself_is_not_batched():
     assert mx.array_equal(alone[:vocab], shared[:vocab])  # its text alone does not show it
     assert not mx.array_equal(alone[vocab:], shared[vocab:])  # its points come from the other picture
     assert "whole model" in lm.vision.batch_obstacle
+
+
+@pytest.mark.parametrize("family, turn", [
+    ("molmo2", "<|im_start|>user\n{}Describe this.<|im_end|>\n<|im_start|>assistant\n"),
+    ("molmo", "{}Describe this.")])
+def test_a_raw_prompts_image_marker_becomes_what_the_chat_formatting_writes(family, turn):
+    """A host that renders the template itself marks the image; for a processor that names no
+    image token, the marker must become what mlx-vlm's formatting writes for one image (Molmo
+    2's <|image|>; for Molmo, whose processor writes the image's tokens itself, nothing): the
+    prompt is then the one the same chat turn gives."""
+    lm = _load(family)
+    raw = backend_pb2.PredictOptions(Prompt=turn.format(MEDIA_MARKER), Images=[image_b64(1)])
+    assert vision_prompt(lm, raw, [], {})[1] == vision_prompt(lm, _chat(1), [], {})[1]

@@ -33,12 +33,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import mlx.core as mx
-import numpy as np
 
 from engine.lanes.batch import Capabilities
 from engine.lanes.sampling import SamplingParams
 from engine.lanes.text_batch import First, TextBatch, _argmax
-from loaders.vision_model import run_layers
+from loaders.vision_model import each_array, run_layers
 
 log = logging.getLogger("mlx-backend.vision")
 
@@ -71,16 +70,7 @@ class _Prefill:
 def engine_arrays(media) -> Dict[str, Any]:
     """A request's processor outputs (prepare/vision.py: numpy arrays, and lists or numbers as the
     processor made them) with MLX arrays made here, on the engine thread, in the same nesting."""
-    def made(value):
-        if isinstance(value, np.ndarray):
-            return mx.array(value)
-        if isinstance(value, (list, tuple)):
-            return type(value)(made(v) for v in value)
-        if isinstance(value, dict):
-            return {k: made(v) for k, v in value.items()}
-        return value
-
-    return {k: made(v) for k, v in media.arrays.items()} if media is not None else {}
+    return {k: each_array(v, mx.array) for k, v in media.arrays.items()} if media is not None else {}
 
 
 class VisionBatch(TextBatch):
