@@ -14,6 +14,7 @@ through the batch's merges, filters and extractions.
 
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,8 +201,6 @@ def _formatted_image_block(processor, config) -> str:
     <|image|>, a name only its code holds; Molmo's and Moondream 3's write an image's tokens
     themselves, so nothing (a marker's text would reach their prompt as words). "<image>" where
     the formatting is not one insertion or fails."""
-    import os
-
     from mlx_vlm.prompt_utils import apply_chat_template
 
     text = "Describe this."

@@ -13,6 +13,10 @@ Moondream 3's processor returns, beside its pixels, the crops per image and thei
 as lists: its tower needs them to tell an image's crops apart (without them it took the
 two crops of one picture for two pictures and the request failed). They must reach the
 engine as the library's processor made them.
+
+MolmoPoint keeps the last image's state on its module, so it must not be batched; and a
+raw prompt's image marker, for a processor that names no image token, must become what
+mlx-vlm's chat formatting writes for one image.
 """
 
 import pytest
@@ -56,6 +60,7 @@ def test_the_placed_tokens_are_the_configs_image_token_where_it_names_one():
 
 
 def test_the_processors_outputs_that_are_not_arrays_reach_the_engine():
+    import base64
     import io
 
     import numpy as np
@@ -68,7 +73,7 @@ def test_the_processors_outputs_that_are_not_arrays_reach_the_engine():
     lm = _load("moondream3")
     _, ids, media = vision_prompt(lm, _chat(1), [], {})
     parts = lm.vision
-    image = Image.open(io.BytesIO(__import__("base64").b64decode(image_b64(1)))).convert("RGB")
+    image = Image.open(io.BytesIO(base64.b64decode(image_b64(1)))).convert("RGB")
     own = prepare_inputs(parts.processor, images=[image],
                          prompts=apply_chat_template(parts.processor, parts.vlm.config, "Describe this.", num_images=1))
     assert ids == np.array(own["input_ids"]).reshape(-1).tolist()
@@ -85,13 +90,14 @@ def test_a_model_that_keeps_the_images_state_on_itself_is_not_batched():
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
+    from engine.lanes.vision_batch import engine_arrays
+
     lm = _load("molmo_point")
     vlm, vocab = lm.vision.vlm, lm.tokenizer.vocab_size
 
     def prepared(seed):
         _, ids, media = vision_prompt(lm, _chat(seed), [], {})
-        arrays = {k: mx.array(v) for k, v in media.arrays.items()}
-        return mx.array([ids]), arrays
+        return mx.array([ids]), engine_arrays(media)
 
     def prefilled(ids, arrays):
         cache = make_prompt_cache(vlm.language_model)
