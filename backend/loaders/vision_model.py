@@ -14,6 +14,7 @@ through the batch's merges, filters and extractions.
 
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
@@ -159,6 +160,18 @@ class VisionParts:
         return getattr(self.vlm.config, "model_type", None) or self.model_type
 
 
+def each_array(value, make):
+    """`value` with `make` applied to each array in it (anything with a shape), through the lists,
+    tuples and dicts a processor's outputs nest them in; other values as they are."""
+    if hasattr(value, "shape"):
+        return make(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(each_array(v, make) for v in value)
+    if isinstance(value, dict):
+        return {k: each_array(v, make) for k, v in value.items()}
+    return value
+
+
 def _video_options(options, bounds) -> Dict[str, Any]:
     """Frame sampling: the fps from the load options (else the processor's), never more
     frames than the bound the pixel budget counted with."""
@@ -170,14 +183,35 @@ def _video_options(options, bounds) -> Dict[str, Any]:
     return out
 
 
-def _image_block(processor, tokenizer) -> str:
+def _image_block(processor, tokenizer, config) -> str:
     """One image as prompt text: the processor's image token, in vision start/end
-    markers when the vocabulary has them (Qwen-VL), as their chat templates write it."""
-    token = getattr(processor, "image_token", None) or "<image>"
+    markers when the vocabulary has them (Qwen-VL), as their chat templates write it; for a
+    processor that names no image token, what mlx-vlm's own chat formatting writes for one."""
+    token = getattr(processor, "image_token", None)
+    if token is None:
+        return _formatted_image_block(processor, config)
     vocab = tokenizer.get_vocab()
     if "<|vision_start|>" in vocab and "<|vision_end|>" in vocab:
         return f"<|vision_start|>{token}<|vision_end|>"
     return token
+
+
+def _formatted_image_block(processor, config) -> str:
+    """The text mlx-vlm's chat formatting adds to a turn for one image: Molmo 2's processor expands
+    <|image|>, a name only its code holds; Molmo's and Moondream 3's write an image's tokens
+    themselves, so nothing (a marker's text would reach their prompt as words). "<image>" where
+    the formatting is not one insertion or fails."""
+    from mlx_vlm.prompt_utils import apply_chat_template
+
+    text = "Describe this."
+    try:
+        with_image, without = (apply_chat_template(processor, config, text, num_images=n) for n in (1, 0))
+    except Exception:  # a template that needs more than one plain turn
+        return "<image>"
+    start = len(os.path.commonprefix([with_image, without]))
+    end = len(os.path.commonprefix([with_image[start:][::-1], without[start:][::-1]]))
+    block = with_image[start:len(with_image) - end]
+    return block if with_image[:start] + with_image[len(with_image) - end:] == without else "<image>"
 
 
 def _test_image_inputs(parts: "VisionParts"):
@@ -228,6 +262,44 @@ def _embedded_test_image(parts: "VisionParts"):
     except Exception as e:
         raise ModelLoadError(f"mlx-vlm's embedding step fails on a test image: {type(e).__name__}: {e}") from None
     return ids, features
+
+
+def placed_token_ids(vlm, ids, features) -> List[int]:
+    """The token ids whose embeddings the test image's features replaced or changed: the
+    family's media tokens, for a config that names none (Molmo's processor writes <im_patch>
+    runs its config never mentions; Moondream 3's holds the image at runs of id 0). Read from
+    what the embedding step did, not from a name: the same prompt embedded without the image
+    differs exactly there. Empty when the step cannot embed without pixels or changes the
+    prompt's length (the batch_obstacle case)."""
+    import mlx.core as mx
+    import numpy as np
+
+    from loaders.loaded import evaluate
+
+    try:
+        plain = vlm.get_input_embeddings(ids, None).inputs_embeds
+        evaluate(plain)
+    except Exception:  # a family whose step wants its own inputs even without an image
+        return []
+    placed = features.inputs_embeds
+    if plain.shape != placed.shape:
+        return []
+    changed = mx.any(plain.astype(mx.float32) != placed.astype(mx.float32), axis=-1).reshape(-1)
+    return sorted({int(t) for t in np.array(ids).reshape(-1)[np.array(changed)]})
+
+
+def whole_model_steps(vlm) -> Optional[str]:
+    """Why the batch cannot decode this family (None: it can) when its language model is the
+    whole model: mlx-vlm then runs every step through the VLM's own call, which keeps the last
+    image's state on the module (MolmoPoint: the point predictor's keys, the tokens generated
+    so far). The batch runs every row through that one module: a second request's image would
+    replace the first's state while both decode, and one request's points would come from
+    another's picture (its text does not show it until the model points)."""
+    if getattr(vlm, "language_model", None) is vlm:
+        return ("its language model is the whole model, which keeps the last image's state between steps "
+                "(mlx-vlm's own generation runs one request through it at a time); the batch would share "
+                "that state between its requests")
+    return None
 
 
 def batch_obstacle(ids, features) -> Optional[str]:
@@ -316,18 +388,21 @@ def load_vision(spec, source: str, started: float):
     video_id = getattr(cfg, "video_token_id", None)
     parts = VisionParts(
         vlm=vlm, processor=processor, model_type=config.get("model_type", ""), media_token_ids=media_ids,
-        image_block=_image_block(processor, tokenizer), bounds=bounds,
+        image_block=_image_block(processor, tokenizer, vlm.config), bounds=bounds,
         # Video through the processor's video component and the model's video token (Qwen-VL).
         takes_video=isinstance(video_id, int) and getattr(processor, "video_processor", None) is not None,
         extra=_video_options(spec.options, bounds))
     if parts.takes_video:
-        parts.video_block = _image_block(processor, tokenizer).replace(
+        parts.video_block = parts.image_block.replace(
             getattr(processor, "image_token", "<image>"), getattr(processor, "video_token", "<video>"))
     try:
-        obstacle = batch_obstacle(*_embedded_test_image(parts))
+        ids, features = _embedded_test_image(parts)
     except ModelLoadError as e:
         raise ModelLoadError(f"{source}: {parts.model_type} images cannot be served here: {e}") from None
-    parts.batch_obstacle = obstacle  # the lane choice sends such a family to the solo lane
+    if not parts.media_token_ids:
+        parts.media_token_ids = placed_token_ids(vlm, ids, features)
+    # The lane choice sends such a family to the solo lane.
+    parts.batch_obstacle = whole_model_steps(vlm) or batch_obstacle(ids, features)
     ctx = spec.context_size or int(config.get("max_position_embeddings")
                                    or config.get("text_config", {}).get("max_position_embeddings") or 4096)
     mx.clear_cache()

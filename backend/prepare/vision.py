@@ -22,6 +22,7 @@ from common.python_utils import OptionError
 from engine import EngineError
 from loaders import media_bounds
 from loaders.media_bounds import Extent
+from loaders.vision_model import each_array
 
 from . import spec as spec_
 from .render_guard import bounded
@@ -34,7 +35,8 @@ VIDEO_MARKER = r"\[vid-\d+\]"  # the host's marker for the N-th video of a raw P
 @dataclass
 class VisionInputs:
     """One request's media, ready for the vision batch's prefill."""
-    arrays: Dict[str, np.ndarray] = field(default_factory=dict)  # pixel_values, image_grid_thw, ...
+    # pixel_values, image_grid_thw, ... as numpy; the processor's other outputs (lists, numbers) as they are
+    arrays: Dict[str, Any] = field(default_factory=dict)
     key: List[int] = field(default_factory=list)  # the prompt with media tokens keyed by content hash
     items: int = 0
 
@@ -188,9 +190,11 @@ def _expand(lm, text: str, images: list, videos: List[str]) -> Tuple[List[int], 
     except Exception as e:  # the processor refused these items (size, shape, frame count)
         name = "Videos" if videos else "Images"
         raise OptionError(f"{name}: the model's processor refused them: {type(e).__name__}: {e}") from None
-    # The attention mask too: mlx-vlm's generation hands it to the model's embedding step (PaliGemma's
-    # and Gemma 3's build a 4-D mask from it and fail without one).
-    arrays = {k: np.array(v) for k, v in inputs.items() if v is not None and k != "input_ids" and hasattr(v, "shape")}
+    # Everything else the processor made, as mlx-vlm's generation hands it to the model: the attention mask
+    # (PaliGemma's and Gemma 3's embedding steps build a 4-D mask from it), and values that are not arrays
+    # (Moondream 3's crops per image and their layout: without them its tower takes the crops for images).
+    # Their arrays as numpy: an MLX array made here would belong to this thread's stream.
+    arrays = {k: each_array(v, np.array) for k, v in inputs.items() if v is not None and k != "input_ids"}
     ids = np.array(inputs["input_ids"]).reshape(-1).tolist()
     return ids, arrays
 

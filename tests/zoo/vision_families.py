@@ -110,10 +110,6 @@ NOT_YET = {
     "minicpmv4_7": _OWN.format("MiniCPMV4_7Processor", "image slices, a Qwen 3.5 MoE text model; built on MiniCPM-V "
                                                        "4.6's processing code, so its server gap (see minicpmv4_6) "
                                                        "is expected here too"),
-    "molmo": _OWN.format("MolmoProcessor", "image crops, its own text model"),
-    "molmo2": _OWN.format("Molmo2Processor", "image crops and pooling, its own text model"),
-    "molmo_point": _OWN.format("MolmoPointProcessor", "Molmo 2 with point outputs"),
-    "moondream3": _OWN.format("Moondream3Processor", "its own crops, a MoE text model"),
     "nemotron_parse": _OWN.format("NemotronParseProcessor", "an encoder-decoder for document markup"),
     "phi3_v": "its CLIP tower is fixed in mlx-vlm's code (VisionModel.CLIP_VIT_LARGE_PATCH14_336_CONFIG: 24 layers, "
               "1024 wide, 336-pixel crops, 144 tokens a crop; the config's vision part is not read), so no config "

@@ -21,6 +21,7 @@ import mlx.core as mx
 from engine.lanes.batch import Capabilities
 from engine.lanes.sampling import argmax
 from engine.lanes.solo import SoloBatch, _Run
+from engine.lanes.vision_batch import engine_arrays
 
 
 class SoloVisionBatch(SoloBatch):
@@ -40,7 +41,7 @@ class SoloVisionBatch(SoloBatch):
     def _steps(self, run: _Run) -> Iterator[Tuple[int, Any]]:
         from mlx_vlm.generate import generate_step
 
-        arrays = {k: mx.array(v) for k, v in run.media.arrays.items()} if run.media is not None else {}
+        arrays = engine_arrays(run.media)
         pixels = arrays.pop("pixel_values", None)
         ids = mx.array([run.prompt])
         # An explicit sampler: left None, mlx-vlm would sample by the checkpoint's generation config.

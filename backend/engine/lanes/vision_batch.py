@@ -37,7 +37,7 @@ import mlx.core as mx
 from engine.lanes.batch import Capabilities
 from engine.lanes.sampling import SamplingParams
 from engine.lanes.text_batch import First, TextBatch, _argmax
-from loaders.vision_model import run_layers
+from loaders.vision_model import each_array, run_layers
 
 log = logging.getLogger("mlx-backend.vision")
 
@@ -65,6 +65,12 @@ class _Prefill:
     features: Dict[str, Any] = field(default_factory=dict)
     positions: Any = None
     delta: int = 0
+
+
+def engine_arrays(media) -> Dict[str, Any]:
+    """A request's processor outputs (prepare/vision.py: numpy arrays, and lists or numbers as the
+    processor made them) with MLX arrays made here, on the engine thread, in the same nesting."""
+    return {k: each_array(v, mx.array) for k, v in media.arrays.items()} if media is not None else {}
 
 
 class VisionBatch(TextBatch):
@@ -110,7 +116,7 @@ class VisionBatch(TextBatch):
         decode = self.lm.model
         lm = decode.lm
         ids = mx.array([p.prompt])
-        arrays = {k: mx.array(v) for k, v in p.media.arrays.items()} if p.media is not None else {}
+        arrays = engine_arrays(p.media)
         if decode.mrope:  # no vision tower needed for positions: a warm prefix skips it
             wanted = inspect.signature(lm.get_rope_index).parameters
             p.positions, deltas = lm.get_rope_index(ids, **{k: v for k, v in arrays.items() if k in wanted})
