@@ -81,7 +81,14 @@ def _model(config: dict):
 def _logits_std(model, tok) -> float:
     import mlx.core as mx
 
-    out = model.language_model(mx.array([tok.encode(PROBE)]))
+    ids = mx.array([tok.encode(PROBE)])
+    try:
+        out = model.language_model(ids)
+    except AttributeError:
+        # MiniCPM-o's text model (Qwen3-VL's) reads positions its embedding step sets, as mlx-vlm's
+        # generation runs it; on its own it asks its config for a Qwen-VL tower's merge size.
+        model.get_input_embeddings(ids, None)
+        out = model.language_model(ids)
     logits = getattr(out, "logits", out)
     return float(mx.std(logits[0, -4:].astype(mx.float32)).item())
 

@@ -95,21 +95,6 @@ NOT_YET = {
     "gemma3n": "its MobileNet-V5 tower is fixed in mlx-vlm's code (gemma3n_mobilenet_def: 4 stages of 128 to 1280 "
                "filters, some 80 blocks, a 2048-wide fusion adapter; no config field sizes it), so no config makes "
                "it tiny; Gemma3nProcessor, audio features, per-layer inputs; not built here",
-    "minicpmo": _OWN.format("MiniCPMOProcessor", "SigLIP slices, Whisper audio, a Qwen3 text model"),
-    # Tried: a tiny build (2-layer SigLIP tower merged 16x, a Qwen 3.5 text model, 224-pixel images, no slices)
-    # that mlx-vlm runs with the image changing its text. Our server refuses its images ("the prompt has no
-    # place for them"): its config names no image token, and the processor fills each image's span with its
-    # image_token_id (<|image_pad|>). Taking that id as the media token let it load, but the served text then
-    # ignored the image: the processor's per-image outputs are lists (pixel_values, tgt_sizes, image_bound),
-    # and prepare/vision.py _expand keeps only arrays, so the embedding step never saw the image.
-    "minicpmv4_6": "MiniCPMVProcessor (mlx-vlm's own; image slices, a Qwen 3.5 text model): a tiny build runs in the "
-                   "library, but our server cannot serve it yet: its config names no image token (the processor "
-                   "fills each image with its image_token_id), and the processor's per-image outputs are lists "
-                   "(pixel_values, tgt_sizes, image_bound), which prepare/vision.py's _expand drops (it keeps "
-                   "arrays only); not in the matrix until both are handled",
-    "minicpmv4_7": _OWN.format("MiniCPMV4_7Processor", "image slices, a Qwen 3.5 MoE text model; built on MiniCPM-V "
-                                                       "4.6's processing code, so its server gap (see minicpmv4_6) "
-                                                       "is expected here too"),
     "nemotron_parse": _OWN.format("NemotronParseProcessor", "an encoder-decoder for document markup"),
     "phi3_v": "its CLIP tower is fixed in mlx-vlm's code (VisionModel.CLIP_VIT_LARGE_PATCH14_336_CONFIG: 24 layers, "
               "1024 wide, 336-pixel crops, 144 tokens a crop; the config's vision part is not read), so no config "
