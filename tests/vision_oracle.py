@@ -54,7 +54,8 @@ def _video(model, processor, question: str, seed: int, max_tokens: int):
     from mlx_vlm.utils import prepare_inputs
     from vision_fixture import video_b64
 
-    video_id = _video_token(model.config)
+    # The config's video token, else the processor's (MiniCPM-V 4.6's config names none).
+    video_id = _video_token(model.config) or getattr(processor, "video_token_id", None)
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "clip.mp4")
         with open(path, "wb") as f:

@@ -385,7 +385,9 @@ def load_vision(spec, source: str, started: float):
     cfg = _token_config(vlm.config)
     # GOT-OCR's config names its image token im_patch_token (<imgpad>).
     media_ids = sorted({i for i in (getattr(cfg, name, None) for name in _MEDIA_TOKENS) if isinstance(i, int)})
-    video_id = getattr(cfg, "video_token_id", None)
+    # A config that names no media token leaves the video's to the processor too (MiniCPM-V 4.6's fills
+    # each frame's span with its video_token_id, as mlx-vlm's generation runs a clip).
+    video_id = getattr(cfg, "video_token_id", None) if media_ids else getattr(processor, "video_token_id", None)
     parts = VisionParts(
         vlm=vlm, processor=processor, model_type=config.get("model_type", ""), media_token_ids=media_ids,
         image_block=_image_block(processor, tokenizer, vlm.config), bounds=bounds,
@@ -399,8 +401,9 @@ def load_vision(spec, source: str, started: float):
         ids, features = _embedded_test_image(parts)
     except ModelLoadError as e:
         raise ModelLoadError(f"{source}: {parts.model_type} images cannot be served here: {e}") from None
-    if not parts.media_token_ids:
-        parts.media_token_ids = placed_token_ids(vlm, ids, features)
+    if not parts.media_token_ids:  # the config names none: where the test image landed, and the video token
+        placed = set(placed_token_ids(vlm, ids, features))
+        parts.media_token_ids = sorted(placed | ({video_id} if parts.takes_video else set()))
     # The lane choice sends such a family to the solo lane.
     parts.batch_obstacle = whole_model_steps(vlm) or batch_obstacle(ids, features)
     ctx = spec.context_size or int(config.get("max_position_embeddings")
