@@ -15,7 +15,7 @@ from typing import Callable, Dict, List
 
 from vision_fixture import CHAT_TEMPLATE, SPECIALS, turn_template
 
-from zoo.vision_shrink import TEXT, WIDTH, shrink
+from zoo.vision_shrink import TEXT, VISION, WIDTH, shrink
 
 CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 
@@ -896,7 +896,7 @@ _add("plamo2vl", Recipe(
         "downsample_ratio": 1.0, "tile_context_length": 64}}))
 
 
-# ==== VIS-C's group: Qwen3-Omni MoE, Kimi K3, LocateAnything, ZAYA1-VL, Qwen4-exp
+# ==== Qwen-VL and MoonViT descendants: Qwen3-Omni MoE, Kimi K3, LocateAnything, ZAYA1-VL, Qwen4-exp
 
 # ---- Qwen3-Omni MoE: the Qwen3-VL tower and tokens inside a "thinker" (with an audio tower, built small, as every
 # thinker has one), a Qwen3 MoE text model; the talker and its vocoder (speech out) are not built. Its processor
@@ -1029,7 +1029,7 @@ def _qwen4_exp(m, ids, vocab):
 _add("qwen4_exp", Recipe(**QWEN, config=_qwen4_exp, files={"preprocessor_config.json": _qwen_preprocessor(16)}))
 
 
-# ==== VIS-D group: gemma4_unified, glm5_next, step3p7, minimax_m3_vl, cohere_compass, muse_glimmer ====
+# ==== Newer towers and text models: gemma4_unified, glm5_next, step3p7, minimax_m3_vl, cohere_compass, muse_glimmer
 
 # ---- Gemma 4 unified: Gemma 4's tokens and text model, no vision tower (each 48-pixel patch is normed and
 # projected straight into the text, with a learned 2-D position table). mlx-vlm's loader replaces the processor's
@@ -1266,7 +1266,7 @@ _add("inkling", Recipe(
                                      "audio_token": "<|audio|>", "audio_bos_token": "<|content_audio_input|>"}}))
 
 
-# ==== VIS-B's group: Molmo, Molmo 2, MolmoPoint, Moondream 3 ====
+# ==== Processors that write an image's tokens themselves: Molmo, Molmo 2, MolmoPoint, Moondream 3
 
 # ---- Molmo: a CLIP-like tower on overlapping crops (a global view first), 2x2 attention pooling, its own text
 # model (fused QKV, extra embedding rows). Its processor writes each image's tokens itself, ahead of the text, and the
@@ -1309,7 +1309,6 @@ _add("molmo", Recipe(
 # and one block of it is most of a request's time here.
 # The tower's and the adapter's configs have no "Vision" in their names: the generic shrink is told which table.
 
-from zoo.vision_shrink import VISION  # noqa: E402  (imported here: this section is one group's)
 
 MOLMO2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|image|>", "<im_patch>", "<im_low>", "<im_start>",
                    "<low_res_im_start>", "<im_end>", "<im_col>", "<frame_start>", "<frame_end>"]
@@ -1394,7 +1393,7 @@ _add("molmo_point", Recipe(specials=MOLMO_POINT_SPECIALS, eos="<|im_end|>", temp
                            config=_molmo_point, scale=2.0))
 
 
-# ==== VIS-A's group: MiniCPM-V 4.6 and 4.7, MiniCPM-o ====
+# ==== MiniCPM: MiniCPM-V 4.6 and 4.7, MiniCPM-o (image slices, per-image list outputs)
 
 # ---- MiniCPM-V 4.6: a SigLIP tower merged 16x (a window merger after its first layer, then 2x2), a Qwen 3.5 text
 # model; mlx-vlm's own processor resizes to multiples of 4 patches, cuts a picture of more than scale_resolution
