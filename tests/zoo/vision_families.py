@@ -92,7 +92,6 @@ NOT_YET = {
     "fastvlm": "its FastViTHD tower's depths and widths are fixed in mlx-vlm's code (class attributes, not config "
                "fields: 44 blocks, 96 to 1536 wide), so no config makes it tiny; FastVLMProcessor, a Qwen2 text "
                "model; not built here",
-    "florence2": _OWN.format("Florence2Processor", "a DaViT tower, a BART encoder-decoder"),
     "gemma3n": "its MobileNet-V5 tower is fixed in mlx-vlm's code (gemma3n_mobilenet_def: 4 stages of 128 to 1280 "
                "filters, some 80 blocks, a 2048-wide fusion adapter; no config field sizes it), so no config makes "
                "it tiny; Gemma3nProcessor, audio features, per-layer inputs; not built here",

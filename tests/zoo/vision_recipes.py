@@ -894,3 +894,40 @@ _add("plamo2vl", Recipe(
         "do_resize": True, "do_rescale": True, "do_normalize": True, "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
         "patch_size": _PLAMO_PATCH, "max_image_width": 2 * _PLAMO_TILE, "max_image_height": 2 * _PLAMO_TILE,
         "downsample_ratio": 1.0, "tile_context_length": 64}}))
+
+
+# ==== VIS-E: encoder-decoder and Falcon families (florence2, nemotron_parse, falcon_ocr, falcon_perception)
+
+# ---- Florence-2: a DaViT tower (two stages here, strides 4 then 2), a BART encoder-decoder. Prompt only: its
+# processor writes <image> times the image processor's image_seq_length, <s>, the question, </s>; the model drops
+# those <image> tokens and puts the image's features first in the encoder's input, the decoder starting at </s>.
+# <loc_0> in the vocabulary keeps mlx-vlm's processor patch from adding its 1000 location tokens past the model's.
+
+FLORENCE_SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<image>", "<loc_0>"]
+_FLORENCE_SIZE = 32  # pixels: a 4x4 grid after the two strides, 16 features plus their average
+
+
+def _florence2(m, ids, vocab):
+    special = {"pad_token_id": ids["<pad>"], "bos_token_id": ids["<s>"], "eos_token_id": ids["</s>"]}
+    text = {"d_model": WIDTH, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2,
+            "decoder_attention_heads": 2, "encoder_ffn_dim": 2 * WIDTH, "decoder_ffn_dim": 2 * WIDTH,
+            "decoder_start_token_id": ids["</s>"], **special}
+    vision = {"depths": [1, 1], "dim_embed": [16, WIDTH], "num_heads": [2, 2], "num_groups": [2, 2], "window_size": 2,
+              "patch_size": [7, 3], "patch_stride": [4, 2], "patch_padding": [3, 1], "patch_prenorm": [False, True],
+              "image_size": [_FLORENCE_SIZE, _FLORENCE_SIZE]}
+    return {"model_type": "florence2", "text_config": shrink(m.TextConfig, model_type="florence2", vocab_size=vocab,
+                                                             **text),
+            "vision_config": shrink(m.VisionConfig, model_type="davit", **vision),
+            "image_token_id": ids["<image>"], "image_token_index": ids["<image>"], "vocab_size": vocab, **special}
+
+
+_add("florence2", Recipe(
+    specials=FLORENCE_SPECIALS, eos="</s>", template=None, config=_florence2,
+    named={"bos_token": "<s>", "unk_token": "<unk>"},
+    files={"preprocessor_config.json": {
+        "image_processor_type": "CLIPImageProcessor", "processor_class": "Florence2Processor",
+        "size": {"height": _FLORENCE_SIZE, "width": _FLORENCE_SIZE}, "crop_size": {"height": _FLORENCE_SIZE,
+                                                                                  "width": _FLORENCE_SIZE},
+        "do_resize": True, "do_center_crop": False, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True,
+        "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "resample": 3,
+        "image_seq_length": (_FLORENCE_SIZE // 8) ** 2 + 1}}))
