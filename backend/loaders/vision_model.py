@@ -293,7 +293,9 @@ def load_vision(spec, source: str, started: float):
     video_id = getattr(cfg, "video_token_id", None)
     parts = VisionParts(
         vlm=vlm, processor=processor, model_type=config.get("model_type", ""), media_token_ids=media_ids,
-        image_block=_image_block(processor, tokenizer), bounds=bounds,
+        # A family whose prompt holds no image token (its encoder alone reads the page: Nemotron-Parse)
+        # takes a raw prompt's image marker as nothing, as mlx-vlm prompts it with the bare text.
+        image_block=_image_block(processor, tokenizer) if media_ids else "", bounds=bounds,
         # Video through the processor's video component and the model's video token (Qwen-VL).
         takes_video=isinstance(video_id, int) and getattr(processor, "video_processor", None) is not None,
         extra=_video_options(spec.options, bounds))

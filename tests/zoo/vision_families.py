@@ -126,7 +126,6 @@ NOT_YET = {
     "muse_spark": _OWN.format("MuseSparkProcessor", "image, video and audio parts"),
     "nemotron_h_nano_omni": _OWN.format("NemotronHNanoOmniProcessor", "a RADIO tower, Parakeet audio, a Nemotron-H "
                                                                       "hybrid text model"),
-    "nemotron_parse": _OWN.format("NemotronParseProcessor", "an encoder-decoder for document markup"),
     "phi3_v": "its CLIP tower is fixed in mlx-vlm's code (VisionModel.CLIP_VIT_LARGE_PATCH14_336_CONFIG: 24 layers, "
               "1024 wide, 336-pixel crops, 144 tokens a crop; the config's vision part is not read), so no config "
               "makes it tiny; Phi3VProcessor, a Phi-3 text model; not built here",

@@ -931,3 +931,26 @@ _add("florence2", Recipe(
         "do_resize": True, "do_center_crop": False, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True,
         "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225], "resample": 3,
         "image_seq_length": (_FLORENCE_SIZE // 8) ** 2 + 1}}))
+
+
+# ---- Nemotron-Parse: a C-RADIO ViT and its neck (columns merged 4 to 1, a summary token) as the encoder, an mBART
+# decoder seeded with the prompt's tokens. Its image processor pads every page to 2048x1664 pixels whatever the
+# checkpoint says; patches of 64 keep that to 32x26 patches (a real checkpoint's 16 make 13312).
+
+NEMOTRON_PARSE_SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<predict_bbox>", "<output_markdown>"]
+
+
+def _nemotron_parse(m, ids, vocab):
+    special = {"pad_token_id": ids["<pad>"], "bos_token_id": ids["<s>"], "eos_token_id": ids["</s>"],
+               "decoder_start_token_id": ids["</s>"]}
+    text = {"d_model": WIDTH, "decoder_layers": 2, "decoder_attention_heads": 2, "decoder_ffn_dim": 2 * WIDTH}
+    vision = {"hidden_size": WIDTH, "num_heads": 2, "num_layers": 1, "patch_size": 64, "neck_dim": WIDTH}
+    return {"model_type": "nemotron_parse", "vocab_size": vocab, "tie_word_embeddings": True, **special,
+            # Under the names mlx-vlm's loader rebuilds the sub-configs from (a checkpoint's encoder and decoder
+            # entries give way to them; it has none for the encoder, which then takes the full-size defaults).
+            "vision_config": shrink(m.VisionConfig, **vision),
+            "text_config": shrink(m.TextConfig, vocab_size=vocab, **text, **special)}
+
+
+_add("nemotron_parse", Recipe(specials=NEMOTRON_PARSE_SPECIALS, eos="</s>", template=None, config=_nemotron_parse, scale=8.0,
+                              named={"bos_token": "<s>", "unk_token": "<unk>"}))
