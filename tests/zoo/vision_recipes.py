@@ -954,3 +954,28 @@ def _nemotron_parse(m, ids, vocab):
 
 _add("nemotron_parse", Recipe(specials=NEMOTRON_PARSE_SPECIALS, eos="</s>", template=None, config=_nemotron_parse, scale=8.0,
                               named={"bos_token": "<s>", "unk_token": "<unk>"}))
+
+
+# ---- Falcon OCR: no vision tower, each 16-pixel patch projected into the text model (its processor writes the
+# image's start, four registers, a token per patch and its end); one decoder with 1-D and golden 2-D rotary halves,
+# attention both ways inside an image. Prompt only: the processor turns the question into its OCR instruction (an
+# unknown category reads as plain text). Its token ids are config fields, set here to the tokenizer's.
+
+FALCON_SPECIALS = ["<|pad|>", "<|end_of_text|>", "<|image|>", "<|image_cls|>", "<|image_reg_1|>", "<|image_reg_2|>",
+                   "<|image_reg_3|>", "<|image_reg_4|>", "<|end_of_image|>", "<|OCR_PLAIN|>"]
+
+
+def _falcon_ids(ids) -> dict:
+    return {"img_id": ids["<|image|>"], "eos_id": ids["<|end_of_text|>"], "img_end_id": ids["<|end_of_image|>"],
+            "image_cls_token_id": ids["<|image_cls|>"],
+            **{f"image_reg_{i}_token_id": ids[f"<|image_reg_{i}|>"] for i in range(1, 5)},
+            "eos_token_id": [ids["<|end_of_text|>"]]}
+
+
+def _falcon_ocr(m, ids, vocab):
+    return {**shrink(m.TextConfig, vocab_size=vocab), "model_type": "falcon_ocr", **_falcon_ids(ids)}
+
+
+# The rotary tables are stored as arrays of the model: scaled, they would turn the positions.
+_add("falcon_ocr", Recipe(specials=FALCON_SPECIALS, eos="<|end_of_text|>", template=None, config=_falcon_ocr,
+                          unscaled=("cos_1d", "sin_1d")))
