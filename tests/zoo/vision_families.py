@@ -86,7 +86,6 @@ _HF = "transformers' {} ({}); no tiny recipe built here yet"
 # Families the installed library can run, for which no tiny model is built yet: what each needs.
 NOT_YET = {
     "cohere_compass": _OWN.format("CohereCompassProcessor", "its own image processor, a Cohere text model"),
-    "falcon_perception": _OWN.format("FalconPerceptionProcessor", "an AnyUp upsampler, detection outputs"),
     "fastvlm": "its FastViTHD tower's depths and widths are fixed in mlx-vlm's code (class attributes, not config "
                "fields: 44 blocks, 96 to 1536 wide), so no config makes it tiny; FastVLMProcessor, a Qwen2 text "
                "model; not built here",

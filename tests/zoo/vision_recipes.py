@@ -979,3 +979,23 @@ def _falcon_ocr(m, ids, vocab):
 # The rotary tables are stored as arrays of the model: scaled, they would turn the positions.
 _add("falcon_ocr", Recipe(specials=FALCON_SPECIALS, eos="<|end_of_text|>", template=None, config=_falcon_ocr,
                           unscaled=("cos_1d", "sin_1d")))
+
+
+# ---- Falcon Perception: Falcon OCR's patches-into-the-decoder design, prompted to segment the question's
+# expressions, with coordinate and size heads whose outputs feed back into the next step's input (the model keeps
+# that state between the library's steps). Its segmentation upsampler (AnyUp, sized in code) is left out
+# (do_segmentation: false): it makes masks, never text.
+
+PERCEPTION_SPECIALS = FALCON_SPECIALS[:-1] + ["<|start_of_query|>", "<|REF_SEG|>", "<|coord|>", "<|size|>", "<|seg|>"]
+
+
+def _falcon_perception(m, ids, vocab):
+    heads = {f"{kind}_{part}_dim": dim for kind in ("coord", "size")
+             for part, dim in (("enc", 16), ("dec", 2 * WIDTH), ("out", 16))}
+    return {**shrink(m.TextConfig, vocab_size=vocab), "model_type": "falcon_perception", **_falcon_ids(ids), **heads,
+            "coord_token_id": ids["<|coord|>"], "size_token_id": ids["<|size|>"], "seg_token_id": ids["<|seg|>"],
+            "do_segmentation": False}
+
+
+_add("falcon_perception", Recipe(specials=PERCEPTION_SPECIALS, eos="<|end_of_text|>", template=None,
+                                 config=_falcon_perception, unscaled=("cos_1d", "sin_1d")))
