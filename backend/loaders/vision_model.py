@@ -151,6 +151,7 @@ class VisionParts:
     video_block: str = ""  # the text that stands for one video in a raw prompt
     extra: Dict[str, Any] = field(default_factory=dict)  # frame sampling for videos (fps, max_frames)
     batch_obstacle: Optional[str] = None  # why the vision batch cannot give mlx-vlm's text (see batch_obstacle)
+    fresh: Any = None  # fresh_state.FreshState: the modules' own state as loaded, for the solo lane
 
     @property
     def prompt_type(self) -> str:
@@ -271,6 +272,7 @@ def load_vision(spec, source: str, started: float):
     import mlx.core as mx
     from mlx_vlm.utils import load as vlm_load
 
+    from loaders.fresh_state import FreshState
     from loaders.loaded import LoadedModel, ModelLoadError, materialize
 
     if spec.dtype not in ("auto", "native"):
@@ -285,6 +287,7 @@ def load_vision(spec, source: str, started: float):
         raise ModelLoadError(f"{source}: the vision model did not load through mlx-vlm: "
                              f"{type(e).__name__}: {e}") from None
     materialize(vlm)
+    fresh = FreshState(vlm)  # before the test image below runs the embedding step, which may set some
     cfg = vlm.config
     # GOT-OCR's config names its image token im_patch_token (<imgpad>).
     media_ids = sorted({i for i in (getattr(cfg, "image_token_id", None), getattr(cfg, "image_token_index", None),
@@ -298,7 +301,7 @@ def load_vision(spec, source: str, started: float):
         image_block=_image_block(processor, tokenizer) if media_ids else "", bounds=bounds,
         # Video through the processor's video component and the model's video token (Qwen-VL).
         takes_video=isinstance(video_id, int) and getattr(processor, "video_processor", None) is not None,
-        extra=_video_options(spec.options, bounds))
+        extra=_video_options(spec.options, bounds), fresh=fresh)
     if parts.takes_video:
         parts.video_block = _image_block(processor, tokenizer).replace(
             getattr(processor, "image_token", "<image>"), getattr(processor, "video_token", "<video>"))
