@@ -38,4 +38,4 @@ class FreshState:
             vars(module).update({k: _own(v) for k, v in attributes.items()})
             for key in [k for k in module if k.startswith("_") and k not in entries]:
                 del module[key]
-            module.update({k: _own(v) for k, v in entries.items()})
+            dict.update(module, {k: _own(v) for k, v in entries.items()})  # Module.update takes parameters only
