@@ -152,6 +152,7 @@ class VisionParts:
     extra: Dict[str, Any] = field(default_factory=dict)  # frame sampling for videos (fps, max_frames)
     batch_obstacle: Optional[str] = None  # why the vision batch cannot give mlx-vlm's text (see batch_obstacle)
     fresh: Any = None  # fresh_state.FreshState: the modules' own state as loaded, for the solo lane
+    needs_image: Optional[str] = None  # why a prompt without media cannot be answered (see _text_alone_fails)
 
     @property
     def prompt_type(self) -> str:
@@ -218,6 +219,23 @@ def _embedded_test_image(parts: "VisionParts"):
     except Exception as e:
         raise ModelLoadError(f"mlx-vlm's embedding step fails on a test image: {type(e).__name__}: {e}") from None
     return ids, features
+
+
+def _text_alone_fails(parts: "VisionParts", tokenizer) -> Optional[str]:
+    """Why mlx-vlm's embedding step refuses a prompt without an image (None: it takes it). A family
+    that reads every answer from an image (Nemotron-Parse's decoder cross-attends to the page, and
+    there is none without one) would fail each such request inside the library's step: refused
+    as the request's fault instead."""
+    import mlx.core as mx
+
+    from loaders.loaded import evaluate
+
+    text = mx.array([tokenizer.encode("Describe this.")])
+    try:
+        evaluate(parts.vlm.get_input_embeddings(text, None, mask=mx.ones(text.shape, dtype=mx.int32)))
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 def batch_obstacle(ids, features) -> Optional[str]:
@@ -305,6 +323,8 @@ def load_vision(spec, source: str, started: float):
     if parts.takes_video:
         parts.video_block = _image_block(processor, tokenizer).replace(
             getattr(processor, "image_token", "<image>"), getattr(processor, "video_token", "<video>"))
+    # First: the test image's embedding step then leaves on the model what it did before this check.
+    parts.needs_image = _text_alone_fails(parts, tokenizer)
     try:
         obstacle = batch_obstacle(*_embedded_test_image(parts))
     except ModelLoadError as e:

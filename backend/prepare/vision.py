@@ -214,6 +214,9 @@ def vision_prompt(lm, opts, tools, template_kwargs) -> Optional[Tuple[str, List[
     use_template = spec.chat_rendered
     if not spec.has_media and (use_template or not (MEDIA_MARKER in spec.prompt
                                                     or re.search(VIDEO_MARKER, spec.prompt))):
+        if parts.needs_image:
+            raise OptionError(f"Images: the loaded model ({parts.model_type}) answers only about an image, and "
+                              f"this request has none (mlx-vlm without one: {parts.needs_image})")
         return None  # text only: the text path, exactly as for a text model
     _refuse_kinds(parts, spec)
     _check_before_decoding(parts, spec)
