@@ -4,9 +4,10 @@ A host sends `Model` (a name, a path or a hub id), `ModelFile` (its own
 join of the models folder and `Model`) and `ModelPath` (the models folder).
 Local mlx-lm directories and hub ids go through mlx-lm's loader; `.gguf`
 files are converted once by gguf_loader and then loaded the same way;
-directories of a vision family (vision_route: a vision_config, or a type only mlx-vlm
-has as a vision family) go through mlx-vlm (vision_model), sequence-classification checkpoints through mlx-vlm's
-reranker loader (cross_encoder).
+directories of a vision family (vision_route: a vision_config, or a type only
+mlx-vlm has as a vision family) go through mlx-vlm (vision_model),
+sequence-classification checkpoints through mlx-vlm's reranker loader
+(cross_encoder).
 
 Loading runs on its own thread while the engine keeps serving the old model;
 every array of the new model is evaluated there, because MLX streams belong

@@ -14,9 +14,9 @@ The oracle is mlx-vlm's own greedy `stream_generate` on a freshly loaded model, 
 process.
 """
 
+import base64
 import io
 import json
-import base64
 
 import grpc
 import pytest
@@ -24,29 +24,25 @@ import pytest
 from common.launcher import backend_pb2, chat
 from conftest import serving
 from vision_fixture import image_b64
+from vision_oracle import _greedy as greedy
 from zoo import vision_builder
 
 pytestmark = pytest.mark.e2e
 
 TEXT = "Describe this."
 N = 10
-MARGIN = 1e-3  # steps past a closer top-2 are not compared (float rounding may pick either)
 PICTURE = image_b64(1, (160, 120))
 
 
 def library_greedy(model_dir: str, **media) -> list:
-    import mlx.core as mx
-    from mlx_vlm import load, stream_generate
+    """mlx-vlm's greedy tokens for TEXT on a freshly loaded model, up to its first step whose
+    top-2 margin is too close to compare (the zoo oracle's rule)."""
+    from mlx_vlm import load
 
     model, processor = load(model_dir)
-    tokens = []
-    for r in stream_generate(model, processor, TEXT, max_tokens=N, temperature=0.0, **media):
-        top2 = sorted(mx.topk(r.logprobs.reshape(-1), 2).tolist())
-        if top2[1] - top2[0] < MARGIN:
-            break
-        tokens.append(r.token)
+    tokens = greedy(model, processor, TEXT, N, **media)
     assert len(tokens) >= 3, tokens  # enough certain steps for a comparison to mean something
-    return tokens[:N]
+    return tokens
 
 
 def ids(reply) -> list:

@@ -946,14 +946,16 @@ def _nemotron_parse(m, ids, vocab):
     text = {"d_model": WIDTH, "decoder_layers": 2, "decoder_attention_heads": 2, "decoder_ffn_dim": 2 * WIDTH}
     vision = {"hidden_size": WIDTH, "num_heads": 2, "num_layers": 1, "patch_size": 64, "neck_dim": WIDTH}
     return {"model_type": "nemotron_parse", "vocab_size": vocab, "tie_word_embeddings": True, **special,
-            # Under the names mlx-vlm's loader rebuilds the sub-configs from (a checkpoint's encoder and decoder
-            # entries give way to them; it has none for the encoder, which then takes the full-size defaults).
+            # Where mlx-vlm's loader rebuilds the sub-configs from: the config's own reading of a checkpoint's
+            # encoder and decoder entries is replaced by them (the encoder's, absent, by the full-size defaults).
             "vision_config": shrink(m.VisionConfig, **vision),
             "text_config": shrink(m.TextConfig, vocab_size=vocab, **text, **special)}
 
 
-_add("nemotron_parse", Recipe(specials=NEMOTRON_PARSE_SPECIALS, eos="</s>", template=None, config=_nemotron_parse, scale=8.0,
-                              named={"bos_token": "<s>", "unk_token": "<unk>"}))
+# Scaled 8: the pictures fill a few of the page's patches, the rest is white padding; at 4 the text after its
+# first token was the same cycle for both.
+_add("nemotron_parse", Recipe(specials=NEMOTRON_PARSE_SPECIALS, eos="</s>", template=None, config=_nemotron_parse,
+                              scale=8.0, named={"bos_token": "<s>", "unk_token": "<unk>"}))
 
 
 # ---- Falcon OCR: no vision tower, each 16-pixel patch projected into the text model (its processor writes the
@@ -976,7 +978,7 @@ def _falcon_ocr(m, ids, vocab):
     return {**shrink(m.TextConfig, vocab_size=vocab), "model_type": "falcon_ocr", **_falcon_ids(ids)}
 
 
-# The rotary tables are stored as arrays of the model: scaled, they would turn the positions.
+# Its rotary tables (cos_1d, sin_1d) are arrays of the model: scaled as the matrices are, they would not rotate.
 _add("falcon_ocr", Recipe(specials=FALCON_SPECIALS, eos="<|end_of_text|>", template=None, config=_falcon_ocr,
                           unscaled=("cos_1d", "sin_1d")))
 
