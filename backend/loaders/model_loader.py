@@ -4,9 +4,10 @@ A host sends `Model` (a name, a path or a hub id), `ModelFile` (its own
 join of the models folder and `Model`) and `ModelPath` (the models folder).
 Local mlx-lm directories and hub ids go through mlx-lm's loader; `.gguf`
 files are converted once by gguf_loader and then loaded the same way;
-directories whose config.json has a vision_config (or a part that has one) go through mlx-vlm
-(vision_model), sequence-classification checkpoints through mlx-vlm's
-reranker loader (cross_encoder).
+directories of a vision family (vision_route: a vision_config, or a type only
+mlx-vlm has as a vision family) go through mlx-vlm (vision_model),
+sequence-classification checkpoints through mlx-vlm's reranker loader
+(cross_encoder).
 
 Loading runs on its own thread while the engine keeps serving the old model;
 every array of the new model is evaluated there, because MLX streams belong
@@ -15,7 +16,6 @@ arrays from another thread.
 """
 
 import importlib.util
-import json
 import logging
 import os
 import time
@@ -65,20 +65,6 @@ def resolve(spec: LoadSpec) -> str:
         return name
     raise ModelNotFound(
         f"model {name or spec.model_file!r} not found (looked in: {', '.join(c for c in candidates if c)})")
-
-
-def _is_vision(path: Path) -> bool:
-    """Whether config.json has a vision part: at its top, or in one of the parts a wrapper
-    model holds (Qwen3-Omni keeps its tower's config in thinker_config)."""
-    cfg = path / "config.json"
-    if not cfg.exists():
-        return False
-    try:
-        config = json.loads(cfg.read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    parts = [config] + [v for v in config.values() if isinstance(v, dict)] if isinstance(config, dict) else []
-    return any(p.get("vision_config") for p in parts)
 
 
 def _choose_dtype(requested: str, model) -> Optional[str]:
@@ -152,6 +138,7 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
     from loaders import cache_kinds
     from loaders import cross_encoder
     from loaders import embed_loader
+    from loaders import vision_route
     from loaders.gguf_convert import GGUFError
     from loaders.gguf_loader import gguf_to_mlx_dir
 
@@ -181,7 +168,7 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
             raise ModelLoadError(f"{source}: not a readable GGUF file ({type(e).__name__}: {e})") from None
     elif os.path.isdir(source):
         # By config: each library would load the other's models, wrongly.
-        encoder, vision = embed_loader.is_encoder_embedding(Path(source)), _is_vision(Path(source))
+        encoder, vision = embed_loader.is_encoder_embedding(Path(source)), vision_route.is_vision(Path(source))
         cross = cross_encoder.is_cross_encoder(Path(source))  # an encoder too: checked first
         if (encoder or vision or cross) and shard is not None:
             raise ModelLoadError(f"{source}: only text models are served across ranks")

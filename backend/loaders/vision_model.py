@@ -152,6 +152,8 @@ class VisionParts:
     video_block: str = ""  # the text that stands for one video in a raw prompt
     extra: Dict[str, Any] = field(default_factory=dict)  # frame sampling for videos (fps, max_frames)
     batch_obstacle: Optional[str] = None  # why the vision batch cannot give mlx-vlm's text (see batch_obstacle)
+    fresh: Any = None  # fresh_state.FreshState: the modules' own state as loaded, for the solo lane
+    needs_image: Optional[str] = None  # why a prompt without media cannot be answered (see _text_alone_fails)
 
     @property
     def prompt_type(self) -> str:
@@ -299,6 +301,22 @@ def whole_model_steps(vlm) -> Optional[str]:
         return ("its language model is the whole model, which keeps the last image's state between steps "
                 "(mlx-vlm's own generation runs one request through it at a time); the batch would share "
                 "that state between its requests")
+
+
+def _text_alone_fails(parts: "VisionParts", tokenizer) -> Optional[str]:
+    """Why mlx-vlm's embedding step refuses a prompt without an image (None: it takes it). A family
+    that reads every answer from an image (Nemotron-Parse's decoder cross-attends to the page, and
+    there is none without one) would fail each such request inside the library's step: refused
+    as the request's fault instead."""
+    import mlx.core as mx
+
+    from loaders.loaded import evaluate
+
+    text = mx.array([tokenizer.encode("Describe this.")])
+    try:
+        evaluate(parts.vlm.get_input_embeddings(text, None, mask=mx.ones(text.shape, dtype=mx.int32)))
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
     return None
 
 
@@ -368,6 +386,7 @@ def load_vision(spec, source: str, started: float):
     import mlx.core as mx
     from mlx_vlm.utils import load as vlm_load
 
+    from loaders.fresh_state import FreshState
     from loaders.loaded import LoadedModel, ModelLoadError, materialize
 
     if spec.dtype not in ("auto", "native"):
@@ -382,6 +401,7 @@ def load_vision(spec, source: str, started: float):
         raise ModelLoadError(f"{source}: the vision model did not load through mlx-vlm: "
                              f"{type(e).__name__}: {e}") from None
     materialize(vlm)
+    fresh = FreshState(vlm)  # before the test image below runs the embedding step, which may set some
     cfg = _token_config(vlm.config)
     # GOT-OCR's config names its image token im_patch_token (<imgpad>).
     media_ids = sorted({i for i in (getattr(cfg, name, None) for name in _MEDIA_TOKENS) if isinstance(i, int)})
@@ -393,10 +413,12 @@ def load_vision(spec, source: str, started: float):
         image_block=_image_block(processor, tokenizer, vlm.config), bounds=bounds,
         # Video through the processor's video component and the model's video token (Qwen-VL).
         takes_video=isinstance(video_id, int) and getattr(processor, "video_processor", None) is not None,
-        extra=_video_options(spec.options, bounds))
+        extra=_video_options(spec.options, bounds), fresh=fresh)
     if parts.takes_video:
         parts.video_block = parts.image_block.replace(
             getattr(processor, "image_token", "<image>"), getattr(processor, "video_token", "<video>"))
+    # First: the test image's embedding step then leaves on the model what it did before this check.
+    parts.needs_image = _text_alone_fails(parts, tokenizer)
     try:
         ids, features = _embedded_test_image(parts)
     except ModelLoadError as e:

@@ -199,6 +199,17 @@ def _expand(lm, text: str, images: list, videos: List[str]) -> Tuple[List[int], 
     return ids, arrays
 
 
+def _check_placed(parts, ids: List[int], arrays: Dict[str, np.ndarray]) -> None:
+    """The request's media reach the model: at their tokens in the prompt or, for a family
+    whose prompt holds none (an encoder-decoder reading the page in its encoder alone:
+    Nemotron-Parse names no image token), through the processor's pixel arrays."""
+    if set(ids) & set(parts.media_token_ids):
+        return
+    if not parts.media_token_ids and "pixel_values" in arrays:
+        return
+    raise OptionError("Images: the prompt has no place for them (the chat template rendered none)")
+
+
 def vision_prompt(lm, opts, tools, template_kwargs) -> Optional[Tuple[str, List[int], VisionInputs]]:
     """(prompt text, expanded token ids, media) of a request with media; None when it has none.
     `opts`: the request's spec (spec.read), or its PredictOptions."""
@@ -207,6 +218,9 @@ def vision_prompt(lm, opts, tools, template_kwargs) -> Optional[Tuple[str, List[
     use_template = spec.chat_rendered
     if not spec.has_media and (use_template or not (MEDIA_MARKER in spec.prompt
                                                     or re.search(VIDEO_MARKER, spec.prompt))):
+        if parts.needs_image:
+            raise OptionError(f"Images: the loaded model ({parts.model_type}) answers only about an image, and "
+                              f"this request has none (mlx-vlm without one: {parts.needs_image})")
         return None  # text only: the text path, exactly as for a text model
     _refuse_kinds(parts, spec)
     _check_before_decoding(parts, spec)
@@ -222,7 +236,7 @@ def vision_prompt(lm, opts, tools, template_kwargs) -> Optional[Tuple[str, List[
         else:
             text, hashes = _raw_prompt(parts, spec.prompt, hashes, video_hashes)
         ids, arrays = _expand(lm, text, images, videos)
-    if (images or videos) and not set(ids) & set(parts.media_token_ids):
-        raise OptionError("Images: the prompt has no place for them (the chat template rendered none)")
+    if images or videos:
+        _check_placed(parts, ids, arrays)
     return text, ids, VisionInputs(arrays=arrays, key=keyed_tokens(ids, parts.media_token_ids, hashes),
                                    items=len(hashes))

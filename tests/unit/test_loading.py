@@ -148,13 +148,13 @@ def test_a_vision_part_nested_in_a_wrapper_config_goes_to_the_vision_loader(tmp_
     # read only at the top, the directory went to mlx-lm, which has no such model type.
     import json
 
-    from loaders.model_loader import _is_vision
+    from loaders.vision_route import is_vision
 
     def routed(config) -> bool:
         folder = tmp_path / str(len(list(tmp_path.iterdir())))
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps(config))
-        return _is_vision(folder)
+        return is_vision(folder)
 
     assert routed({"model_type": "qwen3_omni_moe", "thinker_config": {"vision_config": {"depth": 1}}})
     assert routed({"model_type": "qwen3_vl", "vision_config": {"depth": 1}})

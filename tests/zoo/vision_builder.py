@@ -19,6 +19,7 @@ greedy never stops early.
 """
 
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -89,6 +90,13 @@ def _logits_std(model, tok) -> float:
         # generation runs it; on its own it asks its config for a Qwen-VL tower's merge size.
         model.get_input_embeddings(ids, None)
         out = model.language_model(ids)
+    except ValueError:
+        # A decoder whose encoder is the vision tower (Nemotron-Parse) takes no text alone: it reads
+        # the probe over encoder states, random ones of its width.
+        if "encoder_outputs" not in inspect.signature(model.language_model.__call__).parameters:
+            raise
+        states = mx.random.normal((1, 8, model.language_model.lm_head.weight.shape[1]))
+        out = model.language_model(decoder_input_ids=ids, encoder_outputs=states)
     logits = getattr(out, "logits", out)
     return float(mx.std(logits[0, -4:].astype(mx.float32)).item())
 

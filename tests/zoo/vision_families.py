@@ -85,17 +85,12 @@ _HF = "transformers' {} ({}); no tiny recipe built here yet"
 
 # Families the installed library can run, for which no tiny model is built yet: what each needs.
 NOT_YET = {
-    "falcon_ocr": _OWN.format("FalconOCRProcessor", "transformers' PPDocLayoutV3 image processor; torch, not "
-                                                              "installed, only for its optional layout stage"),
-    "falcon_perception": _OWN.format("FalconPerceptionProcessor", "an AnyUp upsampler, detection outputs"),
     "fastvlm": "its FastViTHD tower's depths and widths are fixed in mlx-vlm's code (class attributes, not config "
                "fields: 44 blocks, 96 to 1536 wide), so no config makes it tiny; FastVLMProcessor, a Qwen2 text "
                "model; not built here",
-    "florence2": _OWN.format("Florence2Processor", "a DaViT tower, a BART encoder-decoder"),
     "gemma3n": "its MobileNet-V5 tower is fixed in mlx-vlm's code (gemma3n_mobilenet_def: 4 stages of 128 to 1280 "
                "filters, some 80 blocks, a 2048-wide fusion adapter; no config field sizes it), so no config makes "
                "it tiny; Gemma3nProcessor, audio features, per-layer inputs; not built here",
-    "nemotron_parse": _OWN.format("NemotronParseProcessor", "an encoder-decoder for document markup"),
     "phi3_v": "its CLIP tower is fixed in mlx-vlm's code (VisionModel.CLIP_VIT_LARGE_PATCH14_336_CONFIG: 24 layers, "
               "1024 wide, 336-pixel crops, 144 tokens a crop; the config's vision part is not read), so no config "
               "makes it tiny; Phi3VProcessor, a Phi-3 text model; not built here",

@@ -11,7 +11,9 @@ prefill over the image features), then gives one token a step.
 
 No prefix cache: a vision family's language model keeps positions of the images it has seen
 outside its cache (Qwen's multimodal RoPE state), which mlx-vlm's step sets from the whole
-prompt; every prompt is prefilled whole. Engine thread only.
+prompt; every prompt is prefilled whole. For the same reason each request starts from the
+modules' state as loaded (loaders/fresh_state.py): what one generation left on them (Falcon
+OCR's rope delta) must not reach the next. Engine thread only.
 """
 
 from typing import Any, Iterator, List, Tuple
@@ -41,6 +43,9 @@ class SoloVisionBatch(SoloBatch):
     def _steps(self, run: _Run) -> Iterator[Tuple[int, Any]]:
         from mlx_vlm.generate import generate_step
 
+        # From the model's state as loaded, as the library's generation in a process of its own starts:
+        # a family that keeps state on its modules between generations gives the same text in any order.
+        self.lm.vision.fresh.restore()
         arrays = engine_arrays(run.media)
         pixels = arrays.pop("pixel_values", None)
         ids = mx.array([run.prompt])
