@@ -297,9 +297,11 @@ def load_vision(spec, source: str, started: float):
                              f"{type(e).__name__}: {e}") from None
     materialize(vlm)
     cfg = vlm.config
-    # GOT-OCR's config names its image token im_patch_token (<imgpad>).
+    # GOT-OCR's config names its image token im_patch_token (<imgpad>); Jina-VLM's, image_patch_token_id (its
+    # processor writes each image as crops of patch tokens framed by others, the image token itself gone).
     media_ids = sorted({i for i in (getattr(cfg, "image_token_id", None), getattr(cfg, "image_token_index", None),
-                                    getattr(cfg, "video_token_id", None), getattr(cfg, "im_patch_token", None))
+                                    getattr(cfg, "video_token_id", None), getattr(cfg, "im_patch_token", None),
+                                    getattr(cfg, "image_patch_token_id", None))
                         if isinstance(i, int)})
     video_id = getattr(cfg, "video_token_id", None)
     parts = VisionParts(
