@@ -27,8 +27,9 @@ reference the batch is checked against. Decided from what the model does, never 
 The solo lane failing a request means the library's own step cannot generate with the model
 here: refused at LoadModel with that reason. The load option `lane` (batch or solo) skips
 the check; only the trial runs. Cost at load: 6 to 9 short generations of a few tokens
-(prepare/probe.py) on the loading thread, once per model on a machine (lane_verdicts.py keeps
-the verdict), and one on the engine thread at every load.
+(prepare/probe.py; a dozen where prompts are long, an image's: lane_probe.py) on the loading
+thread, once per model on a machine (lane_verdicts.py keeps the verdict), and one on the engine
+thread at every load.
 """
 
 import logging

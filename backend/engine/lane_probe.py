@@ -6,7 +6,11 @@ are, through a lane exactly as the engine runs them: a scheduler's streams of th
 logprobs), passes driven here until every request has its last event. Speculation and the
 disk tier are off, so the run leaves nothing behind. The first two requests arrive together
 (a batch prefills them together); the rest arrive while those decode (they join a running
-batch). Outcomes are read from the last events: each generated token with its top-2 margin.
+batch). Each probe decodes until the later ones have joined it: a batch prefills a prompt one
+chunk per step between decode steps (the vision batch every prompt), so probes of a few tokens
+could each end before the next, long prompt (an image's) joined, and the check would never see
+rows decode together. Outcomes are read from the last events: each generated token with its
+top-2 margin.
 """
 
 import dataclasses
@@ -15,6 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
 
+from engine.batch_factory import prefill_sizes
 from engine.hooks import Hooks
 from engine.requests import EngineError, failure
 from engine.streams import Streams
@@ -63,6 +68,7 @@ def run(lm, config, requests: List, stream, beat: Callable[[], None] = lambda: N
     sinks = [_Sink() for _ in requests]
     for i, request in enumerate(requests):
         request.id = i + 1
+    outlast_joins(lm, requests, prefill_sizes(config, mx).step_size)
     try:
         for request, sink in zip(requests[:together], sinks):
             streams.enqueue(request, sink)
@@ -81,6 +87,14 @@ def run(lm, config, requests: List, stream, beat: Callable[[], None] = lambda: N
     for sink, event in outbox:
         last[id(sink)] = event
     return [_outcome(last.get(id(s))) for s in sinks]
+
+
+def outlast_joins(lm, requests: List, step_size: int) -> None:
+    """Each request given as many more tokens as the steps the later ones take to prefill (one
+    chunk a step at the slowest), within the context: all decode together before any ends."""
+    extra = sum(-(-len(r.prompt) // step_size) for r in requests[1:])
+    for r in requests:
+        r.max_tokens = max(r.max_tokens, min(r.max_tokens + extra, lm.context_size - len(r.prompt)))
 
 
 def _pass(streams: Streams, beat: Callable[[], None]) -> None:

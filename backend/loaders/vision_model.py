@@ -341,7 +341,9 @@ def batch_obstacle(ids, features) -> Optional[str]:
     return None
 
 
-_MEDIA_TOKENS = ("image_token_id", "image_token_index", "video_token_id", "im_patch_token")
+# GOT-OCR's config names its image token im_patch_token (<imgpad>); Jina-VLM's, image_patch_token_id (its
+# processor writes each image as crops of patch tokens framed by others, the image token itself gone).
+_MEDIA_TOKENS = ("image_token_id", "image_token_index", "video_token_id", "im_patch_token", "image_patch_token_id")
 
 
 def _token_config(cfg):
@@ -403,7 +405,6 @@ def load_vision(spec, source: str, started: float):
     materialize(vlm)
     fresh = FreshState(vlm)  # before the test image below runs the embedding step, which may set some
     cfg = _token_config(vlm.config)
-    # GOT-OCR's config names its image token im_patch_token (<imgpad>).
     media_ids = sorted({i for i in (getattr(cfg, name, None) for name in _MEDIA_TOKENS) if isinstance(i, int)})
     # A config that names no media token leaves the video's to the processor too (MiniCPM-V 4.6's fills
     # each frame's span with its video_token_id, as mlx-vlm's generation runs a clip).

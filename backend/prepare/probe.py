@@ -4,7 +4,8 @@ The check at load (engine/lane_choice.py) compares the lanes on these and then r
 them where requests run; each goes through the same preparation as a host's request (a raw
 prompt for a text model; for a vision model a chat turn with a small image, through mlx-vlm's
 templating and processor), then is made plain greedy, with end-of-sequence ignored so every
-probe gives its PROBE_TOKENS tokens, and top-2 log-probabilities to judge near ties by.
+probe gives its PROBE_TOKENS tokens (more in a run of several: engine/lane_probe.py), and top-2
+log-probabilities to judge near ties by.
 Three prompts of different lengths: a batch pads the shorter ones.
 """
 

@@ -7,7 +7,7 @@ from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache, KVCache,
 from engine.admission import Admission
 from engine.config import EngineConfig
 from engine.lane_choice import differs, lane_figures
-from engine.lane_probe import Outcome
+from engine.lane_probe import Outcome, outlast_joins
 from engine.lanes.solo import SoloBatch
 from engine.prefix import kinds
 from engine.requests import Request
@@ -66,6 +66,25 @@ def test_a_failed_request_or_another_end_differs():
     assert differs(ref, [out([], error="INTERNAL: boom")]) == "fails request A (INTERNAL: boom)"
     assert differs(ref, [out([1, 2, 3], finish="stop")]) == "ends request A otherwise than the single stream"
     assert differs(ref, [out([1, 2])]) == "gives other tokens than the single stream (request A, token 3)"
+
+
+def test_probes_decode_until_the_later_ones_have_joined():
+    # Jina-VLM's image prompts (~450 tokens, 4 chunks of 128) joined the check's batch after the
+    # first probe's 3 tokens had ended, so rows never decoded together and a batch that shifts a
+    # joining row's positions (its library's RoPE, at the batch's largest offset) was kept.
+    class Model:
+        context_size = 4096
+
+    probes = [Request(prompt=[1] * n, max_tokens=3) for n in (478, 438, 20)]
+    outlast_joins(Model(), probes, 128)
+    assert [r.max_tokens for r in probes] == [3 + 4 + 1] * 3
+    Model.context_size = 484  # within the context, never under what was asked
+    probes = [Request(prompt=[1] * n, max_tokens=3) for n in (478, 438, 20)]
+    outlast_joins(Model(), probes, 128)
+    assert [r.max_tokens for r in probes] == [6, 8, 8]
+    alone = [Request(prompt=[1] * 478, max_tokens=3)]
+    outlast_joins(Model(), alone, 128)
+    assert alone[0].max_tokens == 3
 
 
 def test_status_says_the_lane():

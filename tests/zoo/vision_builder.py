@@ -2,7 +2,8 @@
 classes.
 
 Each is a seeded, float32 directory of well under a megabyte (a 2-layer text model of width
-32, a 1-block vision tower, a byte-level BPE trained here) with the files its family's
+32, a 1-block vision tower, a byte-level BPE trained here; a few MB where the family's
+processor writes token ids past that vocabulary: zoo/fixed_ids.py) with the files its family's
 processor reads: the same architecture and preprocessing code a real checkpoint runs
 through. Built once per machine into the test-model cache (the directory's name carries a
 hash of its recipe and of mlx-vlm's version), under the shared build lock, into a temporary
@@ -34,6 +35,7 @@ if __name__ == "__main__":  # as a script: the folders conftest.py puts on the p
 from models import building  # noqa: E402
 from vision_fixture import train_tokenizer  # noqa: E402
 
+from zoo import fixed_ids  # noqa: E402
 from zoo.vision_recipes import RECIPES, Recipe, module_of  # noqa: E402
 
 BUILD_VERSION = 3  # bump when the weights recipe below changes
@@ -54,6 +56,11 @@ def _tokens(recipe: Recipe, target: Path):
         return recipe.tokenizer(target, recipe)
     tok = train_tokenizer(target, recipe.specials, recipe.template, eos=recipe.eos, pad=recipe.specials[0],
                      **recipe.named)
+    if recipe.fixed:  # special tokens at the ids the family's processor writes in code
+        from transformers import AutoTokenizer
+
+        fixed_ids.place(target, recipe.fixed)
+        tok = AutoTokenizer.from_pretrained(str(target))
     if recipe.tokenizer_config:
         path = target / "tokenizer_config.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), **recipe.tokenizer_config}, indent=1))
@@ -149,8 +156,10 @@ def conditioned(family: str, recipe: Recipe, config: dict, tok) -> Dict[str, obj
     target = _final_norm(weights) if tied else head
     if target is not None and std > 0:
         weights[target] = weights[target] * (LOGIT_STD / std)
-    if head is not None:
-        special = mx.array([i in set(tok.all_special_ids) for i in range(vocab)])[:, None]
+    if head is not None:  # and the fillers of a vocabulary padded to fixed ids: no text holds them either
+        quiet = sorted(set(tok.all_special_ids) | fixed_ids.fillers(tok))
+        special = mx.zeros((vocab, 1), dtype=mx.bool_)
+        special[mx.array(quiet)] = True
         weights[head] = mx.where(special, weights[head] * DAMP, weights[head])
     return weights
 

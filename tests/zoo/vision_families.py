@@ -60,12 +60,6 @@ NOT_BUILT = {
     "d1_omni": _NOT_TEXT.format("yes/no decisions"),
     "clef": _NOT_TEXT.format("answers to choice and score questions (a schema head over Qwen 3.5, called with "
                              "question and option spans)"),
-    # Processors whose token ids are fixed in their code, past what a tiny vocabulary holds.
-    "dots_ocr": "its processor fixes the image token's id at 151665: a tiny vocabulary cannot hold it",
-    "jina_vlm": "its image processor (built inside JinaVLMProcessor with no arguments) writes the image tokens at "
-                "fixed ids 151665-151668: a tiny vocabulary cannot hold them",
-    "hunyuan_vl": "its processor (HunYuanVLProcessor) fixes the image token's id at 120120 and its start/end at "
-                  "120118/120119: a tiny vocabulary cannot hold them",
     # A tower whose size the model code fixes, not the config.
     "deepseekocr": "its SAM tower is built from SAMViTConfig()'s defaults whatever the config says (ViT-B: 12 "
                    "layers of width 768 at 1024 pixels, some 90M parameters): no tiny model can be built",
