@@ -7,7 +7,7 @@ through the library's own generation step: the library's text by construction, a
 reference the batch is checked against. Decided from what the model does, never its name:
 
 - a cache class mlx-lm's batch cannot merge (loaders/cache_kinds.py), or a vision model whose
-  embedding step the vision batch does not reproduce (loaders/vision_model.py batch_obstacle): solo;
+  embedding step the vision batch does not reproduce (loaders/vision_probe.py batch_obstacle): solo;
 - else `decide` (on the loading thread, while the previous model keeps serving): three short
   greedy requests of different lengths run through the solo lane, one at a time, then
   through the batch, two prefilled together (the shorter one padded) and one joining them
@@ -80,7 +80,7 @@ def decide(lm, config, probes: Callable[[], List], forced: str = "auto") -> None
 def _batch_obstacle(lm) -> Optional[str]:
     """Why no batch can serve this model, known before any check (None: the check decides): a
     cache class mlx-lm's batch cannot merge, or what a vision model's embedding step does with
-    a test image at load that the vision batch does not reproduce (loaders/vision_model.py)."""
+    a test image at load that the vision batch does not reproduce (loaders/vision_probe.py)."""
     unmergeable = cache_kinds.unmergeable(lm.model)
     if unmergeable:
         return f"its {unmergeable} cache cannot be merged into mlx-lm's batch"

@@ -1,5 +1,5 @@
 """What preparation makes of a vision request, without a server: the model's media tokens,
-learned at load where its config names none (loaders/vision_model.placed_token_ids), and
+learned at load where its config names none (loaders/vision_probe.placed_token_ids), and
 every processor output the library's own generation hands the model.
 
 Molmo's config names no image token: its processor writes <im_start>, runs of <im_patch>
@@ -52,10 +52,10 @@ def test_a_config_without_an_image_token_learns_it_from_the_embedding_step():
 
 
 def test_the_placed_tokens_are_the_configs_image_token_where_it_names_one():
-    from loaders.vision_model import _embedded_test_image, placed_token_ids
+    from loaders.vision_probe import embedded_test_image, placed_token_ids
 
     lm = _load("qwen2_vl")
-    ids, features = _embedded_test_image(lm.vision)
+    ids, features = embedded_test_image(lm.vision)
     assert placed_token_ids(lm.vision.vlm, ids, features) == [lm.vision.vlm.config.image_token_id]
 
 
