@@ -61,12 +61,24 @@ NOT_BUILT = {
     "clef": _NOT_TEXT.format("answers to choice and score questions (a schema head over Qwen 3.5, called with "
                              "question and option spans)"),
     # A tower whose size the model code fixes, not the config.
-    "deepseekocr": "its SAM tower is built from SAMViTConfig()'s defaults whatever the config says (ViT-B: 12 "
-                   "layers of width 768 at 1024 pixels, some 90M parameters): no tiny model can be built",
-    "deepseekocr_2": "DeepSeek-OCR's fixed full-size SAM tower (SAMViTConfig() defaults, not the config's): no "
-                     "tiny model can be built",
-    "unlimited_ocr": "DeepSeek-OCR's model, with its fixed full-size SAM tower (SAMViTConfig() defaults, not the "
-                     "config's): no tiny model can be built",
+    # DeepSeek-OCR's SAM tower is built from SAMViTConfig()'s defaults whatever the config says (ViT-B: 12 layers of
+    # width 768, 95.6M parameters with its neck), and its processors pad every picture's global view to base_size
+    # 1024 pixels (a call argument every caller leaves at its default; no processor file sets it), so a picture is
+    # 4096 patches through it. Measured here (the tower alone, seeded random weights, the shared 2-core CPU): one
+    # float32 forward had not finished after 300 s wall, one bfloat16 forward not after 150 CPU-seconds (9 minutes
+    # wall); a matrix case encodes at least 8 pictures (the oracle's 2, then alone, two at once, stream, repeat), so
+    # it would take many minutes against a budget of ~40 s. The rest (CLIP part, projector, text model, vocabulary)
+    # could be made tiny: the CLIP part's width stays 1024 (SAM's output channels are its patch embeddings).
+    "deepseekocr": "its SAM tower is fixed at ViT-B size (SAMViTConfig() defaults, not the config's; 95.6M "
+                   "parameters) and its processor pads every picture to 1024 pixels (4096 patches): one forward "
+                   "of that tower took over 150 CPU-seconds here, a matrix case needs at least 8; not built",
+    "deepseekocr_2": "DeepSeek-OCR's fixed ViT-B SAM tower (SAMViTConfig() defaults; 896 output channels) at the "
+                     "1024 pixels its processor pads every picture to: over 150 CPU-seconds a picture here, a "
+                     "matrix case needs at least 8; not built",
+    "unlimited_ocr": "DeepSeek-OCR's model and its fixed ViT-B SAM tower (SAMViTConfig() defaults) at the 1024 "
+                     "pixels its processor pads every picture to (base_size is a call argument; its "
+                     "processor_config.json sets only the constructor's fields): over 150 CPU-seconds a picture "
+                     "here, a matrix case needs at least 8; not built",
     # Text by diffusion: no token-by-token generation for a batch or a stream to reproduce.
     "diffusion_gemma": "generates text by diffusion, not one token a step: nothing this server runs",
     # A weights format the builder does not write.
