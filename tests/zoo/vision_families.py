@@ -94,9 +94,15 @@ NOT_YET = {
     "fastvlm": "its FastViTHD tower's depths and widths are fixed in mlx-vlm's code (class attributes, not config "
                "fields: 44 blocks, 96 to 1536 wide), so no config makes it tiny; FastVLMProcessor, a Qwen2 text "
                "model; not built here",
+    # Measured (the tower alone, seeded random weights, the shared 2-core CPU): 294.1M parameters (a folder of
+    # ~590 MB in bfloat16, 1.2 GB in float32); the smallest picture it takes is 256 pixels (stage 3 at 16x16, the
+    # fusion adapter's output; at 64 its resize branch fails: rms_norm2d "[broadcast_shapes] Shapes (1,16,2048,16)
+    # and (1,2048,1,1)"); one forward at 256 pixels took about 70 CPU-seconds in float32 (288 s wall), 71 in bfloat16
+    # (256 s wall). A matrix case encodes at least 8 pictures, against a budget of ~40 s.
     "gemma3n": "its MobileNet-V5 tower is fixed in mlx-vlm's code (gemma3n_mobilenet_def: 4 stages of 128 to 1280 "
-               "filters, some 80 blocks, a 2048-wide fusion adapter; no config field sizes it), so no config makes "
-               "it tiny; Gemma3nProcessor, audio features, per-layer inputs; not built here",
+               "filters, some 80 blocks, a 2048-wide fusion adapter; 294.1M parameters, no config field sizes it); "
+               "at its smallest picture (256 pixels) one forward took ~70 CPU-seconds here in float32 or "
+               "bfloat16, and a matrix case needs at least 8: not built",
     "phi3_v": "its CLIP tower is fixed in mlx-vlm's code (VisionModel.CLIP_VIT_LARGE_PATCH14_336_CONFIG: 24 layers, "
               "1024 wide, 336-pixel crops, 144 tokens a crop; the config's vision part is not read), so no config "
               "makes it tiny; Phi3VProcessor, a Phi-3 text model; not built here",
