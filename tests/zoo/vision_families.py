@@ -61,12 +61,24 @@ NOT_BUILT = {
     "clef": _NOT_TEXT.format("answers to choice and score questions (a schema head over Qwen 3.5, called with "
                              "question and option spans)"),
     # A tower whose size the model code fixes, not the config.
-    "deepseekocr": "its SAM tower is built from SAMViTConfig()'s defaults whatever the config says (ViT-B: 12 "
-                   "layers of width 768 at 1024 pixels, some 90M parameters): no tiny model can be built",
-    "deepseekocr_2": "DeepSeek-OCR's fixed full-size SAM tower (SAMViTConfig() defaults, not the config's): no "
-                     "tiny model can be built",
-    "unlimited_ocr": "DeepSeek-OCR's model, with its fixed full-size SAM tower (SAMViTConfig() defaults, not the "
-                     "config's): no tiny model can be built",
+    # DeepSeek-OCR's SAM tower is built from SAMViTConfig()'s defaults whatever the config says (ViT-B: 12 layers of
+    # width 768, 95.6M parameters with its neck), and its processors pad every picture's global view to base_size
+    # 1024 pixels (a call argument every caller leaves at its default; no processor file sets it), so a picture is
+    # 4096 patches through it. Measured here (the tower alone, seeded random weights, the shared 2-core CPU): one
+    # float32 forward had not finished after 300 s wall, one bfloat16 forward not after 150 CPU-seconds (9 minutes
+    # wall); a matrix case encodes at least 8 pictures (the oracle's 2, then alone, two at once, stream, repeat), so
+    # it would take many minutes against a budget of ~40 s. The rest (CLIP part, projector, text model, vocabulary)
+    # could be made tiny: the CLIP part's width stays 1024 (SAM's output channels are its patch embeddings).
+    "deepseekocr": "its SAM tower is fixed at ViT-B size (SAMViTConfig() defaults, not the config's; 95.6M "
+                   "parameters) and its processor pads every picture to 1024 pixels (4096 patches): one forward "
+                   "of that tower took over 150 CPU-seconds here, a matrix case needs at least 8; not built",
+    "deepseekocr_2": "DeepSeek-OCR's fixed ViT-B SAM tower (SAMViTConfig() defaults; 896 output channels) at the "
+                     "1024 pixels its processor pads every picture to: over 150 CPU-seconds a picture here, a "
+                     "matrix case needs at least 8; not built",
+    "unlimited_ocr": "DeepSeek-OCR's model and its fixed ViT-B SAM tower (SAMViTConfig() defaults) at the 1024 "
+                     "pixels its processor pads every picture to (base_size is a call argument; its "
+                     "processor_config.json sets only the constructor's fields): over 150 CPU-seconds a picture "
+                     "here, a matrix case needs at least 8; not built",
     # Text by diffusion: no token-by-token generation for a batch or a stream to reproduce.
     "diffusion_gemma": "generates text by diffusion, not one token a step: nothing this server runs",
     # A weights format the builder does not write.
@@ -82,9 +94,15 @@ NOT_YET = {
     "fastvlm": "its FastViTHD tower's depths and widths are fixed in mlx-vlm's code (class attributes, not config "
                "fields: 44 blocks, 96 to 1536 wide), so no config makes it tiny; FastVLMProcessor, a Qwen2 text "
                "model; not built here",
+    # Measured (the tower alone, seeded random weights, the shared 2-core CPU): 294.1M parameters (a folder of
+    # ~590 MB in bfloat16, 1.2 GB in float32); the smallest picture it takes is 256 pixels (stage 3 at 16x16, the
+    # fusion adapter's output; at 64 its resize branch fails: rms_norm2d "[broadcast_shapes] Shapes (1,16,2048,16)
+    # and (1,2048,1,1)"); one forward at 256 pixels took about 70 CPU-seconds in float32 (288 s wall), 71 in bfloat16
+    # (256 s wall). A matrix case encodes at least 8 pictures, against a budget of ~40 s.
     "gemma3n": "its MobileNet-V5 tower is fixed in mlx-vlm's code (gemma3n_mobilenet_def: 4 stages of 128 to 1280 "
-               "filters, some 80 blocks, a 2048-wide fusion adapter; no config field sizes it), so no config makes "
-               "it tiny; Gemma3nProcessor, audio features, per-layer inputs; not built here",
+               "filters, some 80 blocks, a 2048-wide fusion adapter; 294.1M parameters, no config field sizes it); "
+               "at its smallest picture (256 pixels) one forward took ~70 CPU-seconds here in float32 or "
+               "bfloat16, and a matrix case needs at least 8: not built",
     "phi3_v": "its CLIP tower is fixed in mlx-vlm's code (VisionModel.CLIP_VIT_LARGE_PATCH14_336_CONFIG: 24 layers, "
               "1024 wide, 336-pixel crops, 144 tokens a crop; the config's vision part is not read), so no config "
               "makes it tiny; Phi3VProcessor, a Phi-3 text model; not built here",
