@@ -64,10 +64,11 @@ NOT_BUILT = {
     # DeepSeek-OCR's SAM tower is built from SAMViTConfig()'s defaults whatever the config says (ViT-B: 12 layers of
     # width 768, 95.6M parameters with its neck), and its processors pad every picture's global view to base_size
     # 1024 pixels (a call argument every caller leaves at its default; no processor file sets it), so a picture is
-    # 4096 patches through it. Measured here (the tower alone, seeded random weights, the shared 2-core CPU): one
-    # float32 forward had not finished after 300 s wall, one bfloat16 forward not after 150 CPU-seconds (9 minutes
-    # wall); a matrix case encodes at least 8 pictures (the oracle's 2, then alone, two at once, stream, repeat), so
-    # it would take many minutes against a budget of ~40 s. The rest (CLIP part, projector, text model, vocabulary)
+    # 4096 patches through it. Measured here (the tower alone, seeded random weights, the shared 2-core CPU, in a
+    # test process, which runs MLX's bundled BLAS where the server preloads OpenBLAS, 5-15x faster for float32
+    # matmuls): one float32 forward had not finished after 300 s wall, one bfloat16 forward not after 150
+    # CPU-seconds (9 minutes wall). A matrix case encodes at least 8 pictures (the oracle's 2, then alone, two at
+    # once, stream, repeat): even 15x faster, over 10 s a picture is 80 s a case, against a budget of ~40 s. The rest (CLIP part, projector, text model, vocabulary)
     # could be made tiny: the CLIP part's width stays 1024 (SAM's output channels are its patch embeddings).
     "deepseekocr": "its SAM tower is fixed at ViT-B size (SAMViTConfig() defaults, not the config's; 95.6M "
                    "parameters) and its processor pads every picture to 1024 pixels (4096 patches): one forward "
@@ -94,7 +95,8 @@ NOT_YET = {
     "fastvlm": "its FastViTHD tower's depths and widths are fixed in mlx-vlm's code (class attributes, not config "
                "fields: 44 blocks, 96 to 1536 wide), so no config makes it tiny; FastVLMProcessor, a Qwen2 text "
                "model; not built here",
-    # Measured (the tower alone, seeded random weights, the shared 2-core CPU): 294.1M parameters (a folder of
+    # Measured (the tower alone, seeded random weights, the shared 2-core CPU, in a test process without the
+    # server's OpenBLAS; its cost is mostly convolutions): 294.1M parameters (a folder of
     # ~590 MB in bfloat16, 1.2 GB in float32); the smallest picture it takes is 256 pixels (stage 3 at 16x16, the
     # fusion adapter's output; at 64 its resize branch fails: rms_norm2d "[broadcast_shapes] Shapes (1,16,2048,16)
     # and (1,2048,1,1)"); one forward at 256 pixels took about 70 CPU-seconds in float32 (288 s wall), 71 in bfloat16
