@@ -3,7 +3,8 @@ classes.
 
 Each is a seeded, float32 directory of well under a megabyte (a 2-layer text model of width
 32, a 1-block vision tower, a byte-level BPE trained here; a few MB where the family's
-processor writes token ids past that vocabulary: zoo/fixed_ids.py) with the files its family's
+processor writes token ids past that vocabulary: zoo/fixed_ids.py; some hundreds of MB where the
+family's code fixes its tower's size and the recipe keeps it: FastVLM) with the files its family's
 processor reads: the same architecture and preprocessing code a real checkpoint runs
 through. Built once per machine into the test-model cache (the directory's name carries a
 hash of its recipe and of mlx-vlm's version), under the shared build lock, into a temporary
