@@ -3,7 +3,8 @@ classes.
 
 Each is a seeded, float32 directory of well under a megabyte (a 2-layer text model of width
 32, a 1-block vision tower, a byte-level BPE trained here; a few MB where the family's
-processor writes token ids past that vocabulary: zoo/fixed_ids.py) with the files its family's
+processor writes token ids past that vocabulary: zoo/fixed_ids.py; some hundreds of MB where the
+family's code fixes its tower's size and the recipe keeps it: FastVLM) with the files its family's
 processor reads: the same architecture and preprocessing code a real checkpoint runs
 through. Built once per machine into the test-model cache (the directory's name carries a
 hash of its recipe and of mlx-vlm's version), under the shared build lock, into a temporary
@@ -138,6 +139,12 @@ def _varied(w):
     return w
 
 
+def _scale(recipe: Recipe, name: str) -> float:
+    if any(u in name for u in recipe.unscaled):
+        return 1.0
+    return next((f for part, f in recipe.scaled.items() if part in name), recipe.scale)
+
+
 def conditioned(family: str, recipe: Recipe, config: dict, tok) -> Dict[str, object]:
     """The family's seeded weights, scaled so the text depends on the image, the head so greedy
     margins are wide, the special tokens' rows shrunk."""
@@ -147,8 +154,7 @@ def conditioned(family: str, recipe: Recipe, config: dict, tok) -> Dict[str, obj
     mx.random.seed(int(hashlib.sha256(family.encode()).hexdigest()[:8], 16))
     model = _model(config)
     weights = {k: _varied(v) for k, v in tree_flatten(model.parameters())}
-    weights = {k: v * recipe.scale if v.ndim >= 2 and not any(u in k for u in recipe.unscaled) else v
-               for k, v in weights.items()}
+    weights = {k: v * _scale(recipe, k) if v.ndim >= 2 else v for k, v in weights.items()}
     model.load_weights(list(weights.items()))
     vocab = len(tok)
     head, tied = _head(weights, vocab)
@@ -171,6 +177,8 @@ def _recipe_name(family: str, config: dict, recipe: Recipe) -> str:
                               recipe.specials, recipe.eos, recipe.scale, recipe.unscaled, BUILD_VERSION,
                               mlx_vlm.__version__],
                              sort_keys=True)
+    if recipe.scaled:  # only then: the other families' folders keep their names
+        recipe_text += json.dumps(recipe.scaled, sort_keys=True)
     return f"{family}-{hashlib.sha256(recipe_text.encode()).hexdigest()[:10]}"
 
 

@@ -5,8 +5,9 @@ A family is a package of `mlx_vlm.models` with a `Model` and a config that has a
 list we keep. vision_recipes.py makes the families it can tiny; every other family is
 listed with the reason, read from the library's source: LIBRARY_CANNOT (what the installed
 library lacks here: a processor only the Hub has, a package not installed), NOT_BUILT (not a
-text generator, a weights format the builder does not write, and NOT_YET: the processor and
-parts a recipe would need). A family in none of them gets the bare "no recipe" reason.
+text generator, a weights format the builder does not write, a vision tower the library fixes
+at a size no matrix case can afford, with its measured cost). A family in none of them (one a
+newer mlx-vlm adds) gets the bare "no recipe" reason, and the matrix says so.
 """
 
 import importlib.util
@@ -80,21 +81,15 @@ NOT_BUILT = {
                      "pixels its processor pads every picture to (base_size is a call argument; its "
                      "processor_config.json sets only the constructor's fields): over 150 CPU-seconds a picture "
                      "here, a matrix case needs at least 8; not built",
-    # Text by diffusion: no token-by-token generation for a batch or a stream to reproduce.
-    "diffusion_gemma": "generates text by diffusion, not one token a step: nothing this server runs",
-    # A weights format the builder does not write.
-    "prism_hadamard_qwen35": "Qwen 3.5 as 2-bit Hadamard-rotated packs only (its config refuses any other "
-                             "quantization and wants a packed-module manifest); the builder writes float weights",
-}
-
-_OWN = "mlx-vlm's own processor {} ({}); no tiny recipe built here yet"
-_HF = "transformers' {} ({}); no tiny recipe built here yet"
-
-# Families the installed library can run, for which no tiny model is built yet: what each needs.
-NOT_YET = {
-    "fastvlm": "its FastViTHD tower's depths and widths are fixed in mlx-vlm's code (class attributes, not config "
-               "fields: 44 blocks, 96 to 1536 wide), so no config makes it tiny; FastVLMProcessor, a Qwen2 text "
-               "model; not built here",
+    # Measured at full size (the tower at its fixed size, seeded random weights, the rest tiny).
+    "phi3_v": "its CLIP tower is fixed in mlx-vlm's code (VisionModel.CLIP_VIT_LARGE_PATCH14_336_CONFIG: 24 layers, "
+              "1024 wide, 336-pixel crops, 303.5M parameters: 1.2 GB in float32, 0.6 GB in bfloat16; the config's "
+              "vision part is not read). The processor takes num_crops 1 (preprocessor_config.json), the least: a "
+              "picture is then one 336-pixel tile and the global view, 313 image tokens, 2 crops through 24 "
+              "layers. On this CPU one layer on one crop took 16-20 s in float32, 8-9 s in bfloat16 (in a test "
+              "process, without the OpenBLAS the server preloads, 5-15x faster for float32 matmuls), so ~400 s a "
+              "picture (2 crops in either dtype did not finish in 300 s); even 15x faster, ~25 s a picture and "
+              "some 8 pictures a case: far over a matrix case's ~40 s, so no recipe is kept",
     # Measured (the tower alone, seeded random weights, the shared 2-core CPU, in a test process without the
     # server's OpenBLAS; its cost is mostly convolutions): 294.1M parameters (a folder of
     # ~590 MB in bfloat16, 1.2 GB in float32); the smallest picture it takes is 256 pixels (stage 3 at 16x16, the
@@ -105,11 +100,13 @@ NOT_YET = {
                "filters, some 80 blocks, a 2048-wide fusion adapter; 294.1M parameters, no config field sizes it); "
                "at its smallest picture (256 pixels) one forward took ~70 CPU-seconds here in float32 or "
                "bfloat16, and a matrix case needs at least 8: not built",
-    "phi3_v": "its CLIP tower is fixed in mlx-vlm's code (VisionModel.CLIP_VIT_LARGE_PATCH14_336_CONFIG: 24 layers, "
-              "1024 wide, 336-pixel crops, 144 tokens a crop; the config's vision part is not read), so no config "
-              "makes it tiny; Phi3VProcessor, a Phi-3 text model; not built here",
+    # Text by diffusion: no token-by-token generation for a batch or a stream to reproduce.
+    "diffusion_gemma": "generates text by diffusion, not one token a step: nothing this server runs",
+    # A weights format the builder does not write.
+    "prism_hadamard_qwen35": "Qwen 3.5 as 2-bit Hadamard-rotated packs only (its config refuses any other "
+                             "quantization and wants a packed-module manifest); the builder writes float weights",
 }
-NOT_BUILT.update(NOT_YET)
+
 
 # Families the installed library cannot run here: what is missing.
 LIBRARY_CANNOT = {
