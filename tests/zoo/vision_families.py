@@ -110,10 +110,14 @@ NOT_BUILT = {
 
 # Families the installed library cannot run here: what is missing.
 LIBRARY_CANNOT = {
-    "deepseek_vl_v2": "mlx-vlm's own greedy answer for a picture depends on what it generated before in the same "
-                      "process (tiny model, recipe built: picture 2 alone gives [226, 360, ...], after picture 1 "
-                      "[10, 157, ...]; the weights are unchanged), so there is no stable answer to serve; suspected: "
-                      "state kept between generations in its DeepSeek-VL2 image path, not found yet",
+    # Found with the recipe built (vision_recipes: deepseek_vl_v2), one process, mlx-vlm's stream_generate, greedy:
+    # pictures 2, 1, 2 give [226, 360, ...], [360, 326, ...], then [10, 157, ...]; pictures 1, 2, 1 give [360, ...],
+    # [226, ...], then [10, 205, ...]. Its processor's outputs and its embedding step's output are the same on
+    # every call (checked four times over), so the state is in the generation path, not the model's inputs.
+    "deepseek_vl_v2": "mlx-vlm's own greedy answer for a picture changes at the third generation in a process "
+                      "(the same picture first and third: [226, 360, ...] then [10, 157, ...]; the processor's "
+                      "outputs and the embedding step's are the same on every call), so there is no stable answer "
+                      "to serve; our server gives the answers of the library's first generations",
     "moondream2": "its processor (Moondream2Processor) always loads its tokenizer from the Hub repository "
                   "moondream/starmie-v1, and no model hub is reachable here",
     "mistral_large3": "mlx-vlm puts no image in its prompt (no mistral_large3 entry in prompt_utils' formats) and "
