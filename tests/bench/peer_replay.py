@@ -29,6 +29,7 @@ class Record:
     tokens_from: str = ""  # "server" (its own count) or "tokenizer" (our count of the text)
     text: str = ""
     error: Optional[str] = None
+    retries: int = 0  # connections the server refused or reset before answering, each sent again
 
 
 Send = Callable[[TraceRequest, Record], None]
@@ -87,6 +88,13 @@ def grpc_sender(stub, pb, model: str) -> Send:
 # ---- a peer: OpenAI-compatible streamed chat completions --------------------------------
 
 
+# A peer's HTTP server may refuse or reset a connection past its listen backlog when many
+# arrive at once (mlx_lm.server does at 32). A user's client sends it again: the OpenAI Python
+# client retries a connection error twice by default, after 0.5 s and 1 s (its defaults); the
+# request's times still count from its first send.
+RETRY_DELAYS_S = (0.5, 1.0)
+
+
 def http_sender(port: int, model: str, count: Callable[[str], int]) -> Send:
     def send(req: TraceRequest, rec: Record) -> None:
         body = {"model": model, "messages": [{"role": "user", "content": req.prompt}],
@@ -94,25 +102,38 @@ def http_sender(port: int, model: str, count: Callable[[str], int]) -> Send:
                 "stream_options": {"include_usage": True}}
         if req.temperature > 0:
             body.update(top_p=0.95, seed=req.seed)
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT_S)
-        try:
-            conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            if resp.status != 200:
-                raise RuntimeError(f"HTTP {resp.status}: {resp.read(300).decode('utf-8', 'replace')}")
-            for event in _sse_events(resp):
-                for choice in event.get("choices") or []:
-                    delta = choice.get("delta") or {}
-                    _got_text(rec, (delta.get("content") or "") + (delta.get("reasoning_content") or ""))
-                usage = event.get("usage")
-                if usage and usage.get("completion_tokens"):
-                    rec.tokens, rec.tokens_from = usage["completion_tokens"], "server"
-        finally:
-            conn.close()
+        for delay in RETRY_DELAYS_S + (None,):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT_S)
+            try:
+                try:
+                    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+                    resp = conn.getresponse()
+                except ConnectionError:  # refused or reset before any answer: sent again, as a client would
+                    if delay is None:
+                        raise
+                    rec.retries += 1
+                    time.sleep(delay)
+                    continue
+                _read_stream(resp, rec)
+                break
+            finally:
+                conn.close()
         if not rec.tokens_from:  # the server sent no usage: count the text as the model's tokenizer does
             rec.tokens, rec.tokens_from = count(rec.text), "tokenizer"
 
     return send
+
+
+def _read_stream(resp, rec: Record) -> None:
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {resp.read(300).decode('utf-8', 'replace')}")
+    for event in _sse_events(resp):
+        for choice in event.get("choices") or []:
+            delta = choice.get("delta") or {}
+            _got_text(rec, (delta.get("content") or "") + (delta.get("reasoning_content") or ""))
+        usage = event.get("usage")
+        if usage and usage.get("completion_tokens"):
+            rec.tokens, rec.tokens_from = usage["completion_tokens"], "server"
 
 
 def _sse_events(resp):

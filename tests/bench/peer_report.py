@@ -38,6 +38,7 @@ def summarise(records: Sequence[Record], start: float, end: float) -> Dict:
     out = {"requests": len(records), "completed": len(done), "output_tokens": tokens, "wall_s": wall,
            "throughput": tokens / wall if wall > 0 else None,
            "token_counts_from": sorted({r.tokens_from for r in done}),
+           "sent_again": sum(r.retries for r in records),  # connections refused or reset, each sent again
            "errors": [f"#{r.index}: {r.error}" for r in records if r.error is not None]
            + [f"#{r.index}: no text" for r in records if r.error is None and r.first is None]}
     for name, values, scale in (("ttft", ttft, 1.0), ("tpot", tpot, 1000.0), ("e2e", e2e, 1.0)):
@@ -74,5 +75,6 @@ def table(rows: List[Dict]) -> str:
         f = r["figures"]
         cells = [_cell(f.get(key), unit, f.get(key) is not None and f.get(key) == bests[key])
                  for key, _, unit, _ in COLUMNS]
-        lines.append(f"| {r['server']} | " + " | ".join(cells) + f" | {f['completed']}/{f['requests']} |")
+        again = f" ({f['sent_again']} sent again)" if f.get("sent_again") else ""
+        lines.append(f"| {r['server']} | " + " | ".join(cells) + f" | {f['completed']}/{f['requests']}{again} |")
     return "\n".join(lines)

@@ -6,7 +6,10 @@ defines them (TTFT, TPOT, E2E, throughput; percentiles as numpy computes them).
 """
 
 import os
+import socket
+import struct
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -15,6 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 
 import peer_report  # noqa: E402
 import peer_trace  # noqa: E402
+import peer_replay  # noqa: E402
 from peer_replay import Record, _sse_events  # noqa: E402
 from peer_trace import TraceSpec, all_at_once, generate  # noqa: E402
 
@@ -106,6 +110,8 @@ def test_the_table_bolds_each_columns_best():
     assert lines[3] == "| b | 1.83 | 1.0 s | 1.0 s | 500 ms | 500 ms | 6.0 s | 6.0 s | 1/1 |"
     empty = peer_report.summarise([Record(0, "chat", 0.0, None, 1.0, 0, error="x")], 0.0, 1.0)
     assert "| c | 0.00 | n/a |" in peer_report.table([{"server": "c", "figures": empty}])
+    again = peer_report.summarise([Record(0, "chat", 0.0, 0.5, 2.5, 11, retries=2)], 0.0, 2.5)
+    assert peer_report.table([{"server": "d", "figures": again}]).endswith("| 1/1 (2 sent again) |")
 
 
 def test_server_sent_events_until_done():
@@ -113,3 +119,63 @@ def test_server_sent_events_until_done():
              b'data:{"usage": {"completion_tokens": 1}}\n', b"data: [DONE]\n", b'data: {"after": 1}\n']
     assert list(_sse_events(iter(lines))) == [{"choices": [{"delta": {"content": "Hi"}}]},
                                               {"usage": {"completion_tokens": 1}}]
+
+
+def _server_resetting_first(resets: int):
+    """A one-thread HTTP server on a free port that resets its first `resets` connections
+    (RST, as a full listen backlog does) and answers the next with a streamed chat reply."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            seen.append(conn)
+            if len(seen) <= resets:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()
+                continue
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            head, body = data.split(b"\r\n\r\n", 1)
+            length = int([h for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")][0].split(b":")[1])
+            while len(body) < length:
+                body += conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+                         b'data: {"choices": [{"delta": {"content": "Hello"}}]}\n\n'
+                         b'data: {"usage": {"completion_tokens": 2}}\n\ndata: [DONE]\n\n')
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, seen
+
+
+@pytest.mark.parametrize("resets", [0, 1, 2])
+def test_a_peer_that_resets_a_connection_is_sent_it_again(monkeypatch, resets):
+    monkeypatch.setattr(peer_replay, "RETRY_DELAYS_S", (0.01, 0.02))
+    listener, seen = _server_resetting_first(resets)
+    try:
+        send = peer_replay.http_sender(listener.getsockname()[1], "m", words)
+        rec = Record(index=0, kind="chat", sent=1.0)
+        send(generate(TraceSpec(requests=1))[0], rec)
+    finally:
+        listener.close()
+    assert (rec.text, rec.tokens, rec.tokens_from, rec.retries, len(seen)) == ("Hello", 2, "server", resets, resets + 1)
+    assert rec.sent == 1.0  # its times still count from the first send
+
+
+def test_a_peer_that_keeps_resetting_fails_the_request_after_the_clients_retries(monkeypatch):
+    monkeypatch.setattr(peer_replay, "RETRY_DELAYS_S", (0.01, 0.02))
+    listener, seen = _server_resetting_first(99)
+    try:
+        send = peer_replay.http_sender(listener.getsockname()[1], "m", words)
+        rec = Record(index=0, kind="chat")
+        with pytest.raises(ConnectionError):
+            send(generate(TraceSpec(requests=1))[0], rec)
+    finally:
+        listener.close()
+    assert (rec.retries, len(seen), rec.text) == (2, 3, "")
