@@ -62,14 +62,23 @@ class Admission:
         return None
 
     @staticmethod
-    def prefill_fits(slot, running, sizes) -> bool:
+    def prefill_fits(slot, running, sizes, left=lambda s: None) -> bool:
         """Whether its first prefill chunk fits one step's prefill budget next to the chunks of
         the running requests still prefilling (always, when none is: it then runs alone
         whatever its size). The budget is sizes.step_tokens while some stream decodes (its pace
         is what the bound keeps), sizes.idle_tokens while none does (a burst arriving together
         is prefilled together, as the library's batch_generate prefills it). Its prompt counts
-        whole: what the prefix cache serves is only known once it is admitted."""
-        pending = [min(len(s.request.prompt) - s.cached, sizes.step_size) for s in running if not s.t_first]
+        whole: what the prefix cache serves is only known once it is admitted.
+
+        `left(s)`: the prompt tokens a running request has still to prefill, as its batch
+        knows them (None: not known; its uncached prompt counts then). One whose chunks are
+        all done takes no room: its last token goes in with the next decode, so the next
+        prompt's first chunk is prefilled in that same step rather than two steps later."""
+        def chunk(s) -> int:
+            rest = left(s)
+            return min(len(s.request.prompt) - s.cached if rest is None else rest, sizes.step_size)
+
+        pending = [c for c in (chunk(s) for s in running if not s.t_first) if c > 0]
         budget = sizes.step_tokens if len(pending) < len(running) else sizes.idle_tokens
         return not pending or sum(pending) + min(len(slot.request.prompt), sizes.step_size) <= budget
 

@@ -126,7 +126,7 @@ class Streams:
             slot = self.waiting[0]  # stays in the queue, where a failure still finds it, until placed
             if not self.admission.fits(slot, self.slots.values()):  # it waits (in order) for running ones to end
                 break
-            if not self.admission.prefill_fits(slot, self.slots.values(), sizes):
+            if not self.admission.prefill_fits(slot, self.slots.values(), sizes, self._prefill_left):
                 break  # it waits (in order) for a step's prefill to have room
             req = slot.request
             slot.t_admit = time.perf_counter()
@@ -153,6 +153,9 @@ class Streams:
                 self._token(slot, first)
             if slot.error is not None:  # its sampler, processors or pipeline failed on the first token
                 self._fail(slot, slot.error)
+
+    def _prefill_left(self, slot: Slot) -> Optional[int]:
+        return self.batch.prefill_left(slot.uid)
 
     def places(self) -> int:
         """How many requests may run at once: max_sequences, or fewer when the lane says so."""

@@ -11,6 +11,7 @@ import pytest
 from common.launcher import backend_pb2 as pb
 from engine import Engine, EngineConfig, streams
 from engine.admission import Admission
+from mlx_lm.generate import PromptProcessingBatch
 from engine.batch_factory import PrefillSizes, prefill_sizes
 from loaders import model_loader
 import prepare
@@ -67,18 +68,24 @@ def model():
 
 def run_together(model, config, prompts, tokens, monkeypatch):
     """Every prompt at once through a fresh engine; ([token counts], most running at a step,
-    most prefilling at a step, [uncached tokens of those prefilling] at each step)."""
-    seen = {"running": 0, "prefilling": 0, "chunks": []}
+    most prompts prefilled together in a step, [(requests waiting, prompt tokens prefilled)]
+    at each step: what mlx-lm's prompt batch was handed, watched where it is handed over)."""
+    seen = {"running": 0, "prefilling": 0, "steps": []}
     step = streams.Streams.step
+    prompt = PromptProcessingBatch.prompt
 
     def watched(self):
-        prefilling = [s for s in self.slots.values() if not s.t_first]
         seen["running"] = max(seen["running"], len(self.slots))
-        seen["prefilling"] = max(seen["prefilling"], len(prefilling))
-        seen["chunks"].append([len(s.request.prompt) - s.cached for s in prefilling])
+        seen["steps"].append([len(self.waiting), 0])
         return step(self)
 
+    def prefilled(self, tokens):
+        seen["steps"][-1][1] += sum(len(t) for t in tokens)
+        seen["prefilling"] = max(seen["prefilling"], sum(1 for t in tokens if t))
+        return prompt(self, tokens)
+
     monkeypatch.setattr(streams.Streams, "step", watched)
+    monkeypatch.setattr(PromptProcessingBatch, "prompt", prefilled)
     engine = Engine(config)
     try:
         engine.swap(model).result(60)
@@ -96,7 +103,7 @@ def run_together(model, config, prompts, tokens, monkeypatch):
         counts = asyncio.run(main())
     finally:
         engine.stop()
-    return counts, seen["running"], seen["prefilling"], seen["chunks"]
+    return counts, seen["running"], seen["prefilling"], seen["steps"]
 
 
 def test_more_than_eight_run_side_by_side_by_default(model, monkeypatch):
@@ -119,8 +126,24 @@ def test_long_prompts_wait_for_room_in_a_steps_prefill(model, monkeypatch):
     this process MLX multiplies without the server's OpenBLAS, ~10 prompt tokens a second.)"""
     prompts = [f"Document {i}. " + " ".join(f"line {j} of text number {i}." for j in range(6)) for i in range(3)]
     assert all(len(model.tokenizer.encode(p)) > 2 * 16 for p in prompts)
-    config = EngineConfig(prefill_step_size=16, prefill_step_tokens=32, prefill_batch_size=2)
-    counts, running, prefilling, chunks = run_together(model, config, prompts, 3, monkeypatch)
+    config = EngineConfig(prefill_step_size=16, prefill_step_tokens=32, prefill_batch_size=2, prompt_cache_disk_bytes=0)
+    counts, running, prefilling, steps = run_together(model, config, prompts, 3, monkeypatch)
     assert counts == [3, 3, 3]
     assert prefilling == 2 and running == 3  # the third ran, once there was room
-    assert all(sum(min(c, 16) for c in step) <= 32 for step in chunks)
+    assert all(tokens <= 32 for _, tokens in steps)
+
+
+def test_the_next_prompt_prefills_in_the_step_after_the_last_chunk_of_the_one_before(model, monkeypatch):
+    """One chunk a step, three prompts of a few chunks: while one waits, no step goes without
+    prefill (the library's prompt batch holds two: the one ending leaves it in the step the
+    next joins, after the join). A prompt whose chunks are done still waits two steps for its first token (the
+    library feeds its last token with the split into decoding, then samples); counting it as
+    prefilling until then left two steps of every prompt's turn with nothing to prefill."""
+    prompts = [f"Report {i}: " + " ".join(f"entry {j} of the log kept by station {i}." for j in range(5))
+               for i in range(3)]
+    assert all(len(model.tokenizer.encode(p)) > 2 * 16 for p in prompts)
+    config = EngineConfig(prefill_step_size=16, prefill_step_tokens=16, prefill_batch_size=2, prompt_cache_disk_bytes=0)
+    counts, _, _, steps = run_together(model, config, prompts, 3, monkeypatch)
+    assert counts == [3, 3, 3]
+    while_waiting = [tokens for waiting, tokens in steps if waiting]
+    assert len(while_waiting) >= 4 and 0 not in while_waiting, steps

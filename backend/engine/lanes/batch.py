@@ -44,6 +44,10 @@ class Batch(Protocol):
     def remove(self, uids: List[int], keep_cache: bool = False) -> Dict[int, Tuple[Any, List[int]]]:
         """Take requests out; with keep_cache, {uid: (KV cache, its tokens)} for those it is whole."""
 
+    def prefill_left(self, uid: int) -> Optional[int]:
+        """Prompt tokens a running request has still to prefill in chunks (0 once only its
+        last token is left, which goes in with the next decode); None when not known."""
+
     def forget(self, uid: int) -> str:
         """A request has left: what the batch adds to its last log line ("" when nothing)."""
 

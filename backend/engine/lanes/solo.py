@@ -167,6 +167,9 @@ class SoloBatch:
             return {run.uid: (run.cache, run.prompt + run.generated)}
         return {}
 
+    def prefill_left(self, uid: int) -> Optional[int]:
+        return None  # one request at a time: no other prefill shares its steps
+
     def forget(self, uid: int) -> str:
         return ""
 

@@ -43,6 +43,7 @@ class TextBatch:
         # Boundary snapshots (engine.prefix.snapshots) only where the cache cannot be trimmed back.
         self.snapshots = snapshots.wanted(lm.model)
         self._snapping: Dict[int, int] = {}  # uid -> its prompt's length, while its prefill snapshots
+        self._left: Dict[int, int] = {}  # uid -> prompt tokens still to prefill in chunks, until it decodes
 
     def admit(self, prompt: List[int], max_tokens: int, sampling: SamplingParams, extra: List[Any],
               ignore_eos: bool, on_error: Callable[[Exception], None],
@@ -83,8 +84,10 @@ class TextBatch:
             stop_sequences=[self._no_stop if ignore_eos else self._eos])
         if first is not None:
             first.uid = uid
-        elif at:
-            self._snapping[uid] = len(prompt)
+        else:
+            self._left[uid] = sum(len(p) for p in parts) - 1  # the library feeds the last token alone
+            if at:
+                self._snapping[uid] = len(prompt)
         return uid, cached, first
 
     def _nearest(self, key: List[Any]) -> Tuple[Any, List[Any]]:
@@ -115,6 +118,12 @@ class TextBatch:
     def step(self) -> list:
         """One decode step for every running request (and a prefill chunk for new ones)."""
         prompts, responses = self.gen.next()
+        if self._left:
+            for r in responses:  # its first token: it decodes
+                self._left.pop(r.uid, None)
+        for r in prompts:  # progress: (tokens prefilled, the prompt's tokens)
+            if r.uid in self._left:
+                self._left[r.uid] = 0 if r.end_of_prompt else r.progress[1] - r.progress[0] - 1
         if self._snapping:
             self._snapshot(prompts)
         return responses
@@ -134,6 +143,9 @@ class TextBatch:
     def waiting(self, n: int) -> None:
         pass  # every running request is in the batch
 
+    def prefill_left(self, uid: int) -> Optional[int]:
+        return self._left.get(uid)
+
     def forget(self, uid: int) -> str:
         return ""
 
@@ -146,6 +158,7 @@ class TextBatch:
         """Take requests out of the batch; with keep_cache, {uid: (KV cache, its tokens)}."""
         for uid in uids:
             self._snapping.pop(uid, None)
+            self._left.pop(uid, None)
         return self.gen.remove(uids, return_prompt_caches=keep_cache)
 
     def save(self, tokens: Optional[List[int]], cache: Optional[Any]) -> None:

@@ -201,6 +201,9 @@ class VisionBatch(TextBatch):
                 responses.append(first)
         return responses
 
+    def prefill_left(self, uid: int) -> Optional[int]:
+        return None  # its prefills run one chunk a step, oldest first, beside the library's batch
+
     def _forget(self, uid: int) -> None:
         g = self._gen_uid.pop(uid, None)
         self._ours.pop(g, None)

@@ -78,6 +78,9 @@ class RecordingBatch:
     def waiting(self, n: int) -> None:
         pass
 
+    def prefill_left(self, uid: int):
+        return self.inner.prefill_left(uid)  # the leader's scheduler asks; what it decides is journaled
+
     def forget(self, uid: int) -> str:
         return ""
 

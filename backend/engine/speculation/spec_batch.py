@@ -102,6 +102,11 @@ class SpeculatingBatch:
             out.update({self._ours.get(u, u): v for u, v in inner.items()})
         return out
 
+    def prefill_left(self, uid: int) -> Optional[int]:
+        if self._solo is not None and self._solo.uid == uid:
+            return None  # decoding apart
+        return self.inner.prefill_left(self._inner.get(uid, uid))
+
     def forget(self, uid: int) -> str:
         if self._solo is not None and self._solo.uid == uid:
             self._solo = None
