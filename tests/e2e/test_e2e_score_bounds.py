@@ -2,16 +2,21 @@
 
 32 one-token candidates after a prompt of ~400 tokens, through the real server
 with SmolLM2 loaded in float32, once with its own cache and once with
-`CacheTypeKey/Value: q8_0`. The oracle is the library: mlx-lm's model in this
-process, one forward pass over the prompt, log-softmax at its last position,
-each candidate's token picked; for q8_0 the prompt but its last token is
-prefilled in float and its cache quantized by mlx-lm's `to_quantized` (as
-mlx-lm's own generation quantizes after the prompt) before the last token runs. The server's resident high-water mark during
-the call stays under a bound (a pass that recomputes the prompt with
-vocabulary-wide logits per candidate would cost hundreds of MB per row).
+`CacheTypeKey/Value: q8_0`. The oracle is the library: mlx-lm's model in a process
+of its own with the server's BLAS (score_oracle.py), one forward pass over the
+prompt, log-softmax at its last position, each candidate's token picked; for q8_0
+the prompt but its last token is prefilled in float and its cache quantized by
+mlx-lm's `to_quantized` (as mlx-lm's own generation quantizes after the prompt)
+before the last token runs. The server's resident high-water mark during the call
+stays under a bound (a pass that recomputes the prompt with vocabulary-wide logits
+per candidate would cost hundreds of MB per row).
 """
 
+import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,34 +44,17 @@ def prompt_text():
 
 
 @pytest.fixture(scope="module")
-def direct():
-    """SmolLM2 in this process, float32, and its tokenizer."""
+def case():
+    """(prompt, 32 candidates of one token each, their log-probs by a direct forward pass:
+    float, and with the prompt's KV quantized to 8 bits as mlx-lm quantizes it after a float
+    prefill), the passes run by score_oracle.py in a process with the server's BLAS."""
     from transformers import AutoTokenizer
 
-    from loaders import model_loader
+    from family_oracle import server_blas_env
     from loaders.gguf_loader import gguf_to_mlx_dir
+    from loaders.model_loader import embedded_default
 
-    spec = model_loader.LoadSpec(model=model_loader.embedded_default(), dtype="float32")
-    lm = model_loader.load(spec)
-    return lm.model, AutoTokenizer.from_pretrained(str(gguf_to_mlx_dir(spec.model)))
-
-
-def last_logsoftmax(logits):
-    import mlx.core as mx
-
-    x = np.array(logits.astype(mx.float32)[0, -1], dtype=np.float64)
-    top = x.max()
-    return x - (top + np.log(np.exp(x - top).sum()))
-
-
-@pytest.fixture(scope="module")
-def case(direct):
-    """(prompt, 32 candidates of one token each, their log-probs by a direct forward pass:
-    float, and with the prompt's KV quantized to 8 bits as mlx-lm quantizes it after a float prefill)."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import KVCache
-
-    model, tok = direct
+    tok = AutoTokenizer.from_pretrained(str(gguf_to_mlx_dir(embedded_default())))
     prompt = prompt_text()
     p = tok(prompt)["input_ids"]
     assert 380 <= len(p) <= 480, len(p)
@@ -78,12 +66,12 @@ def case(direct):
             ids.append(full[-1])
     assert len(cands) >= 32
     cands, ids = cands[:32], ids[:32]
-    plain = last_logsoftmax(model(mx.array([p])))
-    cache = [KVCache() for _ in model.layers]
-    model(mx.array([p[:-1]]), cache=cache)
-    quantized = [c.to_quantized(group_size=64, bits=8) for c in cache]
-    q8 = last_logsoftmax(model(mx.array([p[-1:]]), cache=quantized))
-    return prompt, cands, [float(plain[t]) for t in ids], [float(q8[t]) for t in ids]
+    out = subprocess.run([sys.executable, str(Path(__file__).parent.parent / "score_oracle.py")],
+                         input=json.dumps({"prompt": p, "candidates": ids}), capture_output=True, text=True,
+                         env=server_blas_env(), timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    ref = json.loads(out.stdout)
+    return prompt, cands, ref["plain"], ref["q8"]
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +110,8 @@ def test_plain_cache_scores_equal_the_direct_pass_within_bounded_memory(plain, c
 def test_q8_cache_scores_equal_the_direct_pass_within_bounded_memory(q8, case):
     prompt, cands, plain_ref, ref = case
     got = score_bounded(q8, prompt, cands)
-    # The server multiplies with OpenBLAS (CPU fast path), this process with MLX's own BLAS: float
-    # differences of ~1e-6 move a few 8-bit rounding steps of the keys, ~1e-2 in a log-prob.
+    # Float differences of ~1e-6 (the server's passes are chunked and batched, the oracle's one
+    # plain pass) can move a few 8-bit rounding steps of the keys, ~1e-2 in a log-prob.
     assert got == pytest.approx(ref, abs=0.03)
     off_q8, off_float = (np.abs(np.array(got) - np.array(r)).mean() for r in (ref, plain_ref))
     assert off_q8 < off_float / 2, (off_q8, off_float)  # the 8-bit cache was the one read
