@@ -7,11 +7,11 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
+from mlx_lm.generate import PromptProcessingBatch
 
 from common.launcher import backend_pb2 as pb
 from engine import Engine, EngineConfig, streams
 from engine.admission import Admission
-from mlx_lm.generate import PromptProcessingBatch
 from engine.batch_factory import PrefillSizes, prefill_sizes
 from loaders import model_loader
 import prepare
