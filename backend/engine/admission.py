@@ -73,14 +73,17 @@ class Admission:
         `left(s)`: the prompt tokens a running request has still to prefill, as its batch
         knows them (None: not known; its uncached prompt counts then). One whose chunks are
         all done takes no room: its last token goes in with the next decode, so the next
-        prompt's first chunk is prefilled in that same step rather than two steps later."""
+        prompt's first chunk is prefilled in that same step rather than two steps later.
+
+        A chunk here is sizes.backlog_size: what a prompt takes of a step while others wait,
+        as they do whenever admission runs."""
         def chunk(s) -> int:
             rest = left(s)
-            return min(len(s.request.prompt) - s.cached if rest is None else rest, sizes.step_size)
+            return min(len(s.request.prompt) - s.cached if rest is None else rest, sizes.backlog_size)
 
         pending = [c for c in (chunk(s) for s in running if not s.t_first) if c > 0]
         budget = sizes.step_tokens if len(pending) < len(running) else sizes.idle_tokens
-        return not pending or sum(pending) + min(len(slot.request.prompt), sizes.step_size) <= budget
+        return not pending or sum(pending) + min(len(slot.request.prompt), sizes.backlog_size) <= budget
 
     def fits(self, slot, running) -> bool:
         """Whether its KV reservation fits next to the running requests' (always, with no budget)."""

@@ -23,7 +23,7 @@ def slot(prompt_tokens: int, cached: int = 0, first: bool = False):
 
 
 def test_a_first_chunk_fits_next_to_the_chunks_still_prefilling():
-    sizes = PrefillSizes(step_size=128, step_tokens=256, idle_tokens=1024)
+    sizes = PrefillSizes(step_size=128, step_tokens=256, idle_tokens=1024, backlog_size=128)
 
     def fits(new, running):
         return Admission.prefill_fits(new, running, sizes)
@@ -41,6 +41,25 @@ def test_a_first_chunk_fits_next_to_the_chunks_still_prefilling():
     assert not fits(slot(400), [slot(400)] * 8)  # 1024 + 128
 
 
+def test_while_others_wait_a_prompt_counts_the_two_chunks_it_takes_of_a_step():
+    """Admission runs while requests wait, when a prefilling prompt takes backlog_size tokens of
+    a step (two chunks on the CPU): those are what it counts, for the running and the new."""
+    sizes = PrefillSizes(step_size=128, step_tokens=256, idle_tokens=1024, backlog_size=256)
+
+    def fits(new, running):
+        return Admission.prefill_fits(new, running, sizes)
+
+    decoding = slot(900, first=True)
+    assert fits(slot(5000), [decoding])  # nothing prefills: it runs, whatever its size
+    assert fits(slot(100), [slot(150), decoding])  # 150 + 100
+    assert not fits(slot(100), [slot(300), decoding])  # 256 + 100 (one chunk each: 128 + 100)
+    assert not fits(slot(40), [slot(300, cached=20), decoding])  # 256 + 40
+    assert fits(slot(40), [slot(300, cached=100), decoding])  # 200 + 40
+    # None decodes: the burst's bound holds four prompts taking two chunks each.
+    assert fits(slot(30), [slot(400)] * 3)  # 768 + 30
+    assert not fits(slot(400), [slot(400)] * 4)  # 1024 + 256 (one chunk each: 512 + 128)
+
+
 def test_a_pass_before_any_model_is_served_admits_nothing_and_does_not_fail():
     """The engine's thread passes before its first swap: with none waiting, admission has no
     config to read and must not ask for one (it failed a step once, in the peers' bench)."""
@@ -50,15 +69,17 @@ def test_a_pass_before_any_model_is_served_admits_nothing_and_does_not_fail():
 
 
 def test_the_step_budget_by_device():
-    """One chunk a step on the CPU (this machine's device, asked for real); on a GPU the
-    library's own bound, prefill_batch_size chunks; a set option wins on both."""
+    """One chunk a step on the CPU (this machine's device, asked for real), two of one prompt
+    while others wait; on a GPU the library's own bound, prefill_batch_size chunks, and one
+    chunk a prompt whoever waits; a set option wins on both, and is the bound while some wait."""
     import mlx.core as mx
 
     if mx.default_device() == mx.cpu:
-        assert prefill_sizes(EngineConfig(), mx) == PrefillSizes(128, 128, 128 * 8)
+        assert prefill_sizes(EngineConfig(), mx) == PrefillSizes(128, 128, 128 * 8, 256)
+        assert prefill_sizes(EngineConfig(prefill_step_tokens=300), mx) == PrefillSizes(128, 300, 1024, 128)
     gpu = SimpleNamespace(cpu="cpu", default_device=lambda: "gpu")
-    assert prefill_sizes(EngineConfig(), gpu) == PrefillSizes(512, 512 * 8, 512 * 8)
-    assert prefill_sizes(EngineConfig(prefill_step_size=64, prefill_step_tokens=300), gpu) == PrefillSizes(64, 300, 512)
+    assert prefill_sizes(EngineConfig(), gpu) == PrefillSizes(512, 512 * 8, 512 * 8, 512)
+    assert prefill_sizes(EngineConfig(prefill_step_size=64, prefill_step_tokens=300), gpu) == PrefillSizes(64, 300, 512, 64)
 
 
 @pytest.fixture(scope="module")
@@ -68,20 +89,23 @@ def model():
 
 def run_together(model, config, prompts, tokens, monkeypatch):
     """Every prompt at once through a fresh engine; ([token counts], most running at a step,
-    most prompts prefilled together in a step, [(requests waiting, prompt tokens prefilled)]
-    at each step: what mlx-lm's prompt batch was handed, watched where it is handed over)."""
-    seen = {"running": 0, "prefilling": 0, "steps": []}
+    most prompts prefilled together in a step, [(requests waiting, prompt tokens prefilled,
+    most of one prompt)] at each step: what mlx-lm's prompt batch was handed, watched where it
+    is handed over, [texts], the prompt batch's pass sizes)."""
+    seen = {"running": 0, "prefilling": 0, "steps": [], "texts": {}, "passes": set()}
     step = streams.Streams.step
     prompt = PromptProcessingBatch.prompt
 
     def watched(self):
         seen["running"] = max(seen["running"], len(self.slots))
-        seen["steps"].append([len(self.waiting), 0])
+        seen["steps"].append([len(self.waiting), 0, 0])
         return step(self)
 
     def prefilled(self, tokens):
         seen["steps"][-1][1] += sum(len(t) for t in tokens)
+        seen["steps"][-1][2] = max([seen["steps"][-1][2]] + [len(t) for t in tokens])
         seen["prefilling"] = max(seen["prefilling"], sum(1 for t in tokens if t))
+        seen["passes"].add(self.prefill_step_size)
         return prompt(self, tokens)
 
     monkeypatch.setattr(streams.Streams, "step", watched)
@@ -92,9 +116,10 @@ def run_together(model, config, prompts, tokens, monkeypatch):
 
         async def one(prompt):
             request = prepare.build_request(model, pb.PredictOptions(Prompt=prompt, Tokens=tokens, IgnoreEOS=True))
-            last = None
+            last, text = None, ""
             async for ev in engine.stream(request):
-                last = ev
+                last, text = ev, text + "".join(d.content for d in ev.deltas)
+            seen["texts"][prompt] = text
             return last.tokens
 
         async def main():
@@ -103,19 +128,20 @@ def run_together(model, config, prompts, tokens, monkeypatch):
         counts = asyncio.run(main())
     finally:
         engine.stop()
-    return counts, seen["running"], seen["prefilling"], seen["steps"]
+        monkeypatch.undo()  # a second run in the same test watches the library's own calls again
+    return counts, seen["running"], seen["prefilling"], seen["steps"], [seen["texts"][p] for p in prompts], seen["passes"]
 
 
 def test_more_than_eight_run_side_by_side_by_default(model, monkeypatch):
     prompts = [f"Request {i}: name a colour." for i in range(12)]
-    counts, running, _, _ = run_together(model, EngineConfig(), prompts, 4, monkeypatch)
+    counts, running, *_ = run_together(model, EngineConfig(), prompts, 4, monkeypatch)
     assert counts == [4] * 12
     assert running == 12  # the old default (max_sequences 8) ran 8 and queued 4
 
 
 def test_max_sequences_is_still_an_upper_bound(model, monkeypatch):
     prompts = [f"Request {i}: name a colour." for i in range(6)]
-    counts, running, _, _ = run_together(model, EngineConfig(max_sequences=3), prompts, 4, monkeypatch)
+    counts, running, *_ = run_together(model, EngineConfig(max_sequences=3), prompts, 4, monkeypatch)
     assert counts == [4] * 6 and running == 3
 
 
@@ -127,10 +153,10 @@ def test_long_prompts_wait_for_room_in_a_steps_prefill(model, monkeypatch):
     prompts = [f"Document {i}. " + " ".join(f"line {j} of text number {i}." for j in range(6)) for i in range(3)]
     assert all(len(model.tokenizer.encode(p)) > 2 * 16 for p in prompts)
     config = EngineConfig(prefill_step_size=16, prefill_step_tokens=32, prefill_batch_size=2, prompt_cache_disk_bytes=0)
-    counts, running, prefilling, steps = run_together(model, config, prompts, 3, monkeypatch)
+    counts, running, prefilling, steps, *_ = run_together(model, config, prompts, 3, monkeypatch)
     assert counts == [3, 3, 3]
     assert prefilling == 2 and running == 3  # the third ran, once there was room
-    assert all(tokens <= 32 for _, tokens in steps)
+    assert all(tokens <= 32 for _, tokens, _ in steps)
 
 
 def test_the_next_prompt_prefills_in_the_step_after_the_last_chunk_of_the_one_before(model, monkeypatch):
@@ -143,7 +169,28 @@ def test_the_next_prompt_prefills_in_the_step_after_the_last_chunk_of_the_one_be
                for i in range(3)]
     assert all(len(model.tokenizer.encode(p)) > 2 * 16 for p in prompts)
     config = EngineConfig(prefill_step_size=16, prefill_step_tokens=16, prefill_batch_size=2, prompt_cache_disk_bytes=0)
-    counts, _, _, steps = run_together(model, config, prompts, 3, monkeypatch)
+    counts, _, _, steps, *_ = run_together(model, config, prompts, 3, monkeypatch)
     assert counts == [3, 3, 3]
-    while_waiting = [tokens for waiting, tokens in steps if waiting]
+    while_waiting = [tokens for waiting, tokens, _ in steps if waiting]
     assert len(while_waiting) >= 4 and 0 not in while_waiting, steps
+
+
+def test_while_others_wait_the_prompt_prefilling_takes_two_chunks_a_step_in_passes_of_one(model, monkeypatch):
+    """The CPU's default (prefill_step_tokens unset): chunks of 16, a step's bound one chunk
+    while streams decode, two chunks of one prompt while others wait. Four prompts of several
+    chunks: while some wait a step hands a prompt 32 tokens, once none does 16 at most; the
+    library's prompt batch feeds them in passes of 16 all along, so the answers are those of
+    the same prompts one chunk a step (prefill_step_tokens=16: the user's bound, kept)."""
+    prompts = [f"Memo {i}: " + " ".join(f"item {j} on the shelf of room {i} is labelled." for j in range(9))
+               for i in range(4)]
+    assert all(len(model.tokenizer.encode(p)) > 4 * 16 for p in prompts)
+    backlog = EngineConfig(prefill_step_size=16, prefill_batch_size=2, prompt_cache_disk_bytes=0)
+    counts, _, _, steps, texts, passes = run_together(model, backlog, prompts, 3, monkeypatch)
+    assert counts == [3] * 4 and passes == {16}
+    assert any(most == 32 for waiting, _, most in steps if waiting), steps
+    assert all(most <= 16 for waiting, _, most in steps if not waiting), steps
+    one_chunk = EngineConfig(prefill_step_size=16, prefill_step_tokens=16, prefill_batch_size=2, prompt_cache_disk_bytes=0)
+    _, _, _, plain_steps, plain_texts, _ = run_together(model, one_chunk, prompts, 3, monkeypatch)
+    assert all(most <= 16 for _, _, most in plain_steps), plain_steps
+    assert texts == plain_texts and all(texts)
+    assert len(steps) < len(plain_steps)  # the point of it: the waiting are placed in fewer steps

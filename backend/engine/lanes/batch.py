@@ -39,7 +39,8 @@ class Batch(Protocol):
         fails its request alone."""
 
     def waiting(self, n: int) -> None:
-        """How many requests wait for a place: a batch running one apart takes it back for them."""
+        """How many requests wait for a place, before each step: a batch running one apart takes
+        it back for them; a batch may prefill more of a prompt in a step while some wait."""
 
     def remove(self, uids: List[int], keep_cache: bool = False) -> Dict[int, Tuple[Any, List[int]]]:
         """Take requests out; with keep_cache, {uid: (KV cache, its tokens)} for those it is whole."""

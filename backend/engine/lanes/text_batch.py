@@ -30,7 +30,8 @@ class TextBatch:
     capabilities = Capabilities(speculate=True, shares_prefix=True)
 
     def __init__(self, lm, *, max_sequences: int, prefill_batch_size: int, prefill_step_size: int,
-                 prompt_cache_bytes: int, prompt_cache_entries: int, stream, prompt_cache_disk_bytes: int = 0):
+                 prompt_cache_bytes: int, prompt_cache_entries: int, stream, prompt_cache_disk_bytes: int = 0,
+                 backlog_step_size: int = 0):
         self.lm = lm
         self.gen = BatchGenerator(
             lm.model, completion_batch_size=max_sequences, prefill_batch_size=prefill_batch_size,
@@ -38,6 +39,10 @@ class TextBatch:
         # mlx-lm's LRUPromptCache, with a disk tier behind it when prompt_cache_disk_bytes > 0.
         self.cache = make_store(lm, prompt_cache_entries, prompt_cache_bytes, prompt_cache_disk_bytes)
         self.prefill_step_size = prefill_step_size
+        # Prompt tokens a prefilling request takes in one step while others wait for a place: the
+        # generator hands its prompt batch that many, which still feeds them in passes of
+        # prefill_step_size (the prompt batch keeps the size it was made with).
+        self.backlog_step_size = backlog_step_size or prefill_step_size
         self._eos = StopSequences([(t,) for t in lm.tokenizer.eos_token_ids])
         self._no_stop = StopSequences([])
         # Boundary snapshots (engine.prefix.snapshots) only where the cache cannot be trimmed back.
@@ -141,7 +146,7 @@ class TextBatch:
         self.cache.keep_snapshot(self.lm.epoch, tokens, cache, prompt_length)
 
     def waiting(self, n: int) -> None:
-        pass  # every running request is in the batch
+        self.gen.prefill_step_size = self.backlog_step_size if n else self.prefill_step_size
 
     def prefill_left(self, uid: int) -> Optional[int]:
         return self._left.get(uid)

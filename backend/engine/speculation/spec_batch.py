@@ -83,6 +83,7 @@ class SpeculatingBatch:
 
     def waiting(self, n: int) -> None:
         self._waiting = n
+        self.inner.waiting(n)
         if n and self._solo is not None:  # company: the lone stream goes back into the batch
             self._rejoin()
 
