@@ -6,7 +6,8 @@
   (c) cold time to first token              vs raw prefill + first token
   (d) warm TTFT (second request sharing a ~450-token prefix) vs our cold TTFT;
       our cold TTFT vs raw on the same prompt
-  (e) Health p50/p99 while 8 streams decode (a run of its own, ours only)
+  (e) Health p50/p99 while 8 streams decode, polled from a process of its own as a
+      host polls it (a run of its own, ours only)
   (f) cancel -> slot free (Status READY), in raw decode steps
   (g) longest pause of a decoding stream while a long prompt is prefilled,
       vs one raw prefill chunk at the long prompt's depth + one raw decode step
@@ -197,23 +198,56 @@ def ours_stream(stub, pb, text, n, **fields):
     return t0, marks, last
 
 
-def ours_streams(stub, pb, texts, n, poll_health=False):
-    """Concurrent streams: (wall seconds, tokens generated, sorted Health latencies in ms)."""
+def ours_streams(stub, pb, texts, n, health_addr=None):
+    """Concurrent streams: (wall seconds, tokens generated, sorted Health latencies in ms).
+
+    health_addr: Health is polled meanwhile from a process of its own, as the host polls it
+    (LocalAI's Go process): a poller among this process's stream readers would also time
+    their hold on this interpreter's GIL, which no host has."""
+    poller = start_health_poller(health_addr) if health_addr else None
     results = [None] * len(texts)
     threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, ours_stream(stub, pb, texts[i], n)))
                for i in range(len(texts))]
     start = time.perf_counter()
     for t in threads:
         t.start()
-    health = []
-    while poll_health and any(t.is_alive() for t in threads):
-        h0 = time.perf_counter()
-        stub.Health(pb.HealthMessage(), timeout=5)
-        health.append((time.perf_counter() - h0) * 1000)
-        time.sleep(0.02)
     for t in threads:
         t.join()
-    return time.perf_counter() - start, sum(r[2].tokens for r in results), sorted(health)
+    wall = time.perf_counter() - start
+    return wall, sum(r[2].tokens for r in results), sorted(stop_health_poller(poller)) if poller else []
+
+
+def start_health_poller(addr) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--health-child", addr],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    if proc.stdout.readline().strip() != "polling":
+        raise RuntimeError("the Health poller did not start")
+    return proc
+
+
+def stop_health_poller(proc) -> list:
+    out, _ = proc.communicate("stop\n", timeout=60)
+    return json.loads(out)
+
+
+def health_child(addr: str) -> None:
+    """Health every 20 ms until a line on stdin; then the latencies (ms) as one JSON list."""
+    import grpc
+
+    from common.launcher import _Bearer, backend_pb2 as pb, backend_pb2_grpc
+
+    channel, token = grpc.insecure_channel(addr), os.environ.get("LOCALAI_GRPC_AUTH_TOKEN", "")
+    stub = backend_pb2_grpc.BackendStub(grpc.intercept_channel(channel, _Bearer(token)) if token else channel)
+    stub.Health(pb.HealthMessage(), timeout=10)  # the channel is connected before timing starts
+    stop, took = threading.Event(), []
+    threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+    print("polling", flush=True)
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        stub.Health(pb.HealthMessage(), timeout=5)
+        took.append((time.perf_counter() - t0) * 1000)
+        stop.wait(0.02)
+    print(json.dumps(took), flush=True)
 
 
 def ours_ttft(stub, pb, text):
@@ -406,9 +440,13 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(REPO, "bench-results.json"))
     parser.add_argument("--log", default=os.path.join(REPO, "bench-server.log"))
     parser.add_argument("--raw-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--health-child", metavar="ADDR", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.raw_child:
         raw_child(args.prefill_step)
+        return
+    if args.health_child:
+        health_child(args.health_child)
         return
 
     from common.launcher import Backend, backend_pb2 as pb
@@ -453,9 +491,9 @@ def main() -> None:
                 rounds.append(m)
                 extras.append(extra)
 
-            # (e) Health from another client while 8 streams decode, a run of its own.
+            # (e) Health from another process while 8 streams decode, a run of its own.
             texts = [fresh(f"health {i}", q)[0] for i, q in enumerate(TOPICS)]
-            _, _, health = ours_streams(stub, pb, texts, 2 * DECODE_TOKENS, poll_health=True)
+            _, _, health = ours_streams(stub, pb, texts, 2 * DECODE_TOKENS, health_addr=b.addr)
     finally:
         if raw.poll() is None:
             raw.stdin.write(json.dumps({"op": "quit"}) + "\n")
