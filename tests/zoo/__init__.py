@@ -8,5 +8,5 @@ Map:
   tiny_tokenizer.py   a byte-level BPE trained here, a few hundred tokens (every zoo model's tokenizer)
   results.py          a matrix's results file (text.json, vision.json) and its schema
   families_doc.py     writes docs/model-families.md from the matrices' results
-The vision matrix's modules (vision_*.py) sit beside these.
+The vision matrix's modules (vision_*.py) sit beside these, its families' recipes in recipes/.
 """

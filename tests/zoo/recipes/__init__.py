@@ -1,0 +1,1 @@
+"""The vision families' recipes, a module a group (zoo/vision_recipes.py gathers them)."""
