@@ -176,21 +176,22 @@ def test_the_next_prompt_prefills_in_the_step_after_the_last_chunk_of_the_one_be
 
 
 def test_while_others_wait_the_prompt_prefilling_takes_two_chunks_a_step_in_passes_of_one(model, monkeypatch):
-    """The CPU's default (prefill_step_tokens unset): chunks of 16, a step's bound one chunk
-    while streams decode, two chunks of one prompt while others wait. Four prompts of several
-    chunks: while some wait a step hands a prompt 32 tokens, once none does 16 at most; the
-    library's prompt batch feeds them in passes of 16 all along, so the answers are those of
-    the same prompts one chunk a step (prefill_step_tokens=16: the user's bound, kept)."""
+    """The CPU's default (prefill_step_tokens unset): chunks of 16, two chunks of one prompt a
+    step while others wait. Four prompts of several chunks, one running at a time (so each is
+    prefilled and decoded alone, whatever the timing, in both runs): while some wait a step
+    hands the prompt 32 tokens, once none does 16 at most; the library's prompt batch feeds
+    them in passes of 16 all along, so the answers are those of the same prompts one chunk a
+    step (prefill_step_tokens=16: the user's bound, kept), placed in more steps."""
     prompts = [f"Memo {i}: " + " ".join(f"item {j} on the shelf of room {i} is labelled." for j in range(9))
                for i in range(4)]
     assert all(len(model.tokenizer.encode(p)) > 4 * 16 for p in prompts)
-    backlog = EngineConfig(prefill_step_size=16, prefill_batch_size=2, prompt_cache_disk_bytes=0)
-    counts, _, _, steps, texts, passes = run_together(model, backlog, prompts, 3, monkeypatch)
+    alone = dict(prefill_step_size=16, prefill_batch_size=1, max_sequences=1, prompt_cache_disk_bytes=0)
+    counts, _, _, steps, texts, passes = run_together(model, EngineConfig(**alone), prompts, 3, monkeypatch)
     assert counts == [3] * 4 and passes == {16}
     assert any(most == 32 for waiting, _, most in steps if waiting), steps
     assert all(most <= 16 for waiting, _, most in steps if not waiting), steps
-    one_chunk = EngineConfig(prefill_step_size=16, prefill_step_tokens=16, prefill_batch_size=2, prompt_cache_disk_bytes=0)
-    _, _, _, plain_steps, plain_texts, _ = run_together(model, one_chunk, prompts, 3, monkeypatch)
+    _, _, _, plain_steps, plain_texts, _ = run_together(
+        model, EngineConfig(prefill_step_tokens=16, **alone), prompts, 3, monkeypatch)
     assert all(most <= 16 for _, _, most in plain_steps), plain_steps
     assert texts == plain_texts and all(texts)
-    assert len(steps) < len(plain_steps)  # the point of it: the waiting are placed in fewer steps
+    assert len(steps) < len(plain_steps), (steps, plain_steps)
