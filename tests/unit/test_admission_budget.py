@@ -88,10 +88,11 @@ def model():
 
 
 def run_together(model, config, prompts, tokens, monkeypatch):
-    """Every prompt at once through a fresh engine; ([token counts], most running at a step,
-    most prompts prefilled together in a step, [(requests waiting, prompt tokens prefilled,
-    most of one prompt)] at each step: what mlx-lm's prompt batch was handed, watched where it
-    is handed over, [texts], the prompt batch's pass sizes)."""
+    """Every prompt at once through a fresh engine. What it saw: counts (tokens of each
+    request), running (most running at a step), prefilling (most prompts prefilled together in
+    a step), steps ([requests waiting, prompt tokens prefilled, most of one prompt] at each
+    step: what mlx-lm's prompt batch was handed, watched where it is handed over), texts (each
+    request's), passes (the prompt batch's pass sizes)."""
     seen = {"running": 0, "prefilling": 0, "steps": [], "texts": {}, "passes": set()}
     step = streams.Streams.step
     prompt = PromptProcessingBatch.prompt
@@ -129,20 +130,21 @@ def run_together(model, config, prompts, tokens, monkeypatch):
     finally:
         engine.stop()
         monkeypatch.undo()  # a second run in the same test watches the library's own calls again
-    return counts, seen["running"], seen["prefilling"], seen["steps"], [seen["texts"][p] for p in prompts], seen["passes"]
+    return SimpleNamespace(counts=counts, running=seen["running"], prefilling=seen["prefilling"], steps=seen["steps"],
+                           texts=[seen["texts"][p] for p in prompts], passes=seen["passes"])
 
 
 def test_more_than_eight_run_side_by_side_by_default(model, monkeypatch):
     prompts = [f"Request {i}: name a colour." for i in range(12)]
-    counts, running, *_ = run_together(model, EngineConfig(), prompts, 4, monkeypatch)
-    assert counts == [4] * 12
-    assert running == 12  # the old default (max_sequences 8) ran 8 and queued 4
+    seen = run_together(model, EngineConfig(), prompts, 4, monkeypatch)
+    assert seen.counts == [4] * 12
+    assert seen.running == 12  # the old default (max_sequences 8) ran 8 and queued 4
 
 
 def test_max_sequences_is_still_an_upper_bound(model, monkeypatch):
     prompts = [f"Request {i}: name a colour." for i in range(6)]
-    counts, running, *_ = run_together(model, EngineConfig(max_sequences=3), prompts, 4, monkeypatch)
-    assert counts == [4] * 6 and running == 3
+    seen = run_together(model, EngineConfig(max_sequences=3), prompts, 4, monkeypatch)
+    assert seen.counts == [4] * 6 and seen.running == 3
 
 
 def test_long_prompts_wait_for_room_in_a_steps_prefill(model, monkeypatch):
@@ -153,10 +155,10 @@ def test_long_prompts_wait_for_room_in_a_steps_prefill(model, monkeypatch):
     prompts = [f"Document {i}. " + " ".join(f"line {j} of text number {i}." for j in range(6)) for i in range(3)]
     assert all(len(model.tokenizer.encode(p)) > 2 * 16 for p in prompts)
     config = EngineConfig(prefill_step_size=16, prefill_step_tokens=32, prefill_batch_size=2, prompt_cache_disk_bytes=0)
-    counts, running, prefilling, steps, *_ = run_together(model, config, prompts, 3, monkeypatch)
-    assert counts == [3, 3, 3]
-    assert prefilling == 2 and running == 3  # the third ran, once there was room
-    assert all(tokens <= 32 for _, tokens, _ in steps)
+    seen = run_together(model, config, prompts, 3, monkeypatch)
+    assert seen.counts == [3, 3, 3]
+    assert seen.prefilling == 2 and seen.running == 3  # the third ran, once there was room
+    assert all(tokens <= 32 for _, tokens, _ in seen.steps)
 
 
 def test_the_next_prompt_prefills_in_the_step_after_the_last_chunk_of_the_one_before(model, monkeypatch):
@@ -169,10 +171,10 @@ def test_the_next_prompt_prefills_in_the_step_after_the_last_chunk_of_the_one_be
                for i in range(3)]
     assert all(len(model.tokenizer.encode(p)) > 2 * 16 for p in prompts)
     config = EngineConfig(prefill_step_size=16, prefill_step_tokens=16, prefill_batch_size=2, prompt_cache_disk_bytes=0)
-    counts, _, _, steps, *_ = run_together(model, config, prompts, 3, monkeypatch)
-    assert counts == [3, 3, 3]
-    while_waiting = [tokens for waiting, tokens, _ in steps if waiting]
-    assert len(while_waiting) >= 4 and 0 not in while_waiting, steps
+    seen = run_together(model, config, prompts, 3, monkeypatch)
+    assert seen.counts == [3, 3, 3]
+    while_waiting = [tokens for waiting, tokens, _ in seen.steps if waiting]
+    assert len(while_waiting) >= 4 and 0 not in while_waiting, seen.steps
 
 
 def test_while_others_wait_the_prompt_prefilling_takes_two_chunks_a_step_in_passes_of_one(model, monkeypatch):
@@ -186,12 +188,11 @@ def test_while_others_wait_the_prompt_prefilling_takes_two_chunks_a_step_in_pass
                for i in range(4)]
     assert all(len(model.tokenizer.encode(p)) > 4 * 16 for p in prompts)
     alone = dict(prefill_step_size=16, prefill_batch_size=1, max_sequences=1, prompt_cache_disk_bytes=0)
-    counts, _, _, steps, texts, passes = run_together(model, EngineConfig(**alone), prompts, 3, monkeypatch)
-    assert counts == [3] * 4 and passes == {16}
-    assert any(most == 32 for waiting, _, most in steps if waiting), steps
-    assert all(most <= 16 for waiting, _, most in steps if not waiting), steps
-    _, _, _, plain_steps, plain_texts, _ = run_together(
-        model, EngineConfig(prefill_step_tokens=16, **alone), prompts, 3, monkeypatch)
-    assert all(most <= 16 for _, _, most in plain_steps), plain_steps
-    assert texts == plain_texts and all(texts)
-    assert len(steps) < len(plain_steps), (steps, plain_steps)
+    two = run_together(model, EngineConfig(**alone), prompts, 3, monkeypatch)
+    assert two.counts == [3] * 4 and two.passes == {16}
+    assert any(most == 32 for waiting, _, most in two.steps if waiting), two.steps
+    assert all(most <= 16 for waiting, _, most in two.steps if not waiting), two.steps
+    one = run_together(model, EngineConfig(prefill_step_tokens=16, **alone), prompts, 3, monkeypatch)
+    assert all(most <= 16 for _, _, most in one.steps), one.steps
+    assert two.texts == one.texts and all(two.texts)
+    assert len(two.steps) < len(one.steps), (two.steps, one.steps)
