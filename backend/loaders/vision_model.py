@@ -245,12 +245,13 @@ def _tokenizer(source: Path, processor, eos):
 def load_vision(spec, source: str, started: float):
     """LoadedModel of kind "vision" from a directory whose config.json has a vision_config."""
     import mlx.core as mx
+    import numpy as np
     from mlx_vlm.utils import load as vlm_load
 
     from loaders.fresh_state import FreshState
     from loaders.loaded import LoadedModel, ModelLoadError, materialize
-    from loaders.vision_probe import (MEDIA_TOKENS, batch_obstacle, embedded_test_image, placed_token_ids,
-                                      text_alone_fails, token_config, whole_model_steps)
+    from loaders.vision_probe import (MEDIA_TOKENS, batch_obstacle, embedded_test_image, media_tokens,
+                                      placed_token_ids, text_alone_fails, token_config, whole_model_steps)
 
     if spec.dtype not in ("auto", "native"):
         raise ModelLoadError(f"dtype {spec.dtype!r}: vision models are served in their stored dtype")
@@ -285,9 +286,9 @@ def load_vision(spec, source: str, started: float):
         ids, features = embedded_test_image(parts)
     except ModelLoadError as e:
         raise ModelLoadError(f"{source}: {parts.model_type} images cannot be served here: {e}") from None
-    if not parts.media_token_ids:  # the config names none: where the test image landed, and the video token
-        placed = set(placed_token_ids(vlm, ids, features))
-        parts.media_token_ids = sorted(placed | ({video_id} if parts.takes_video else set()))
+    parts.media_token_ids = media_tokens(parts.media_token_ids, np.array(ids).reshape(-1).tolist(),
+                                         lambda: placed_token_ids(vlm, ids, features),
+                                         video_id if parts.takes_video else None)
     # The lane choice sends such a family to the solo lane.
     parts.batch_obstacle = whole_model_steps(vlm) or batch_obstacle(ids, features)
     ctx = spec.context_size or int(config.get("max_position_embeddings")

@@ -9,7 +9,7 @@ whole_model_steps: the lane choice sends such a family to the solo lane).
 """
 
 from dataclasses import is_dataclass
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 
 def _test_image_inputs(parts: "VisionParts"):
@@ -84,6 +84,17 @@ def placed_token_ids(vlm, ids, features) -> List[int]:
         return []
     changed = mx.any(plain.astype(mx.float32) != placed.astype(mx.float32), axis=-1).reshape(-1)
     return sorted({int(t) for t in np.array(ids).reshape(-1)[np.array(changed)]})
+
+
+def media_tokens(named: List[int], test_ids: List[int], placed: Callable[[], List[int]],
+                 video_id: Optional[int]) -> List[int]:
+    """The ids a request's media sit at: those the config names when the test image's prompt holds
+    one of them, else where the test image landed (`placed()`), with the video token. A config may
+    name none, or only ids its processor never writes: Phi-3-Vision's config class keeps
+    PaliGemma's image_token_index (257152) while its processor writes -N for image N."""
+    if set(named) & set(test_ids):
+        return list(named)
+    return sorted(set(placed()) | ({video_id} if video_id is not None else set()))
 
 
 def whole_model_steps(vlm) -> Optional[str]:

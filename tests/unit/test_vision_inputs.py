@@ -59,6 +59,26 @@ def test_the_placed_tokens_are_the_configs_image_token_where_it_names_one():
     assert placed_token_ids(lm.vision.vlm, ids, features) == [lm.vision.vlm.config.image_token_id]
 
 
+
+def test_a_named_image_token_the_processor_never_writes_gives_way_to_where_the_image_landed():
+    """Phi-3-Vision: its config class keeps PaliGemma's image_token_index (257152), its processor
+    writes -1 for the first image. Before, every image request was refused ("no place for them")."""
+    from loaders.vision_probe import media_tokens
+
+    asked = []
+
+    def placed():
+        asked.append(1)
+        return [-1]
+
+    assert media_tokens([257152], [4, -1, -1, -1, 7], placed, None) == [-1]
+    assert media_tokens([257152], [4, -1, 7], placed, 11) == [-1, 11]  # and the video token, as for none named
+    assert len(asked) == 2
+    assert media_tokens([9, 10], [4, 9, 9, 7], placed, None) == [9, 10]  # named and written: kept, nothing probed
+    assert len(asked) == 2
+    assert media_tokens([], [4, 5], lambda: [], 11) == [11]
+
+
 def test_the_processors_outputs_that_are_not_arrays_reach_the_engine():
     import base64
     import io
