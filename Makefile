@@ -43,11 +43,12 @@ test: install-test
 
 # The family matrices (every model_type mlx-lm and mlx-vlm ship, tiny, against the libraries'
 # own output) into ZOO_RESULTS, then docs/model-families.md from their results. The doc is
-# written even when families fail (it says which and why); the target then fails too.
+# written even when families fail (it says which and why); the target then fails too. It also
+# checks the families built with a full-size vision tower (ZOO_FULL_TOWERS=1: minutes each).
 ZOO_RESULTS ?= .zoo-results
 families-doc: install-test
 	rm -rf $(ZOO_RESULTS)
-	ZOO_RESULTS_DIR=$(abspath $(ZOO_RESULTS)) $(PYTEST) -q -rs $(wildcard tests/e2e/test_e2e_zoo_*.py); \
+	ZOO_FULL_TOWERS=1 ZOO_RESULTS_DIR=$(abspath $(ZOO_RESULTS)) $(PYTEST) -q -rs $(wildcard tests/e2e/test_e2e_zoo_*.py); \
 	status=$$?; $(PY) tests/zoo/families_doc.py $(ZOO_RESULTS) docs/model-families.md && exit $$status
 
 # BENCH=prefix: only the prefix-cache scenarios (tests/bench/bench_prefix.py, ~10 min); BENCH=all: both.

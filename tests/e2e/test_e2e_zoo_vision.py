@@ -13,8 +13,10 @@ the family, gives the library's tokens. A family whose library generation fails 
 refused at LoadModel, in the library's words. Each family is one case; the results go to
 vision.json (in $ZOO_RESULTS_DIR, else zoo/ in this run's temporary folder), written even when
 cases fail. `FAMILIES=a,b` runs only those. In `make test`: every family built, a few
-seconds each. Beside them: a folder whose processor cannot see images (mlx-vlm's
-bare-tokenizer fallback) is refused at load.
+seconds each, but those with a vision tower mlx-vlm fixes at full size (minutes a case:
+vision_families.FULL_TOWERS), checked with ZOO_FULL_TOWERS=1 (make families-doc) or by name.
+Beside them: a folder whose processor cannot see images (mlx-vlm's bare-tokenizer fallback)
+is refused at load.
 """
 
 import json
@@ -30,7 +32,7 @@ from conftest import completion_line, run_threads
 from vision_fixture import image_b64, video_b64
 from vision_oracle import job, start
 from zoo import vision_builder
-from zoo.vision_families import LIBRARY_CANNOT, reason, vision_families
+from zoo.vision_families import LIBRARY_CANNOT, built_here, reason, vision_families
 from zoo.vision_results import Results
 
 pytestmark = pytest.mark.e2e
@@ -44,7 +46,8 @@ ALL = vision_families()
 # wrapped or a recurrent state (no boundary snapshots in the vision batch yet) and the solo lane
 # (no prefix cache for vision) reuse none: exact is all "prefix" asks there, as in the text matrix.
 REUSED_KINDS = {"KVCache"}
-WANTED = [f for f in os.environ.get("FAMILIES", "").split(",") if f] or ALL
+NAMED = [f for f in os.environ.get("FAMILIES", "").split(",") if f]
+WANTED = NAMED or ALL
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +64,7 @@ def server(log_dir):
 @pytest.fixture(scope="module")
 def zoo(server, tmp_path_factory):
     """{family: its model directory} for the families built here, and the oracle's answers."""
-    paths = {f: vision_builder.build(f) for f in WANTED if f in vision_builder.RECIPES}
+    paths = {f: vision_builder.build(f) for f in WANTED if built_here(f, NAMED)}
     oracle = start([job(p, QUESTION, PICTURES, N, video=VIDEO) for p in paths.values()])
     # Beside the text matrix's text.json: the one folder the families document is made from.
     folder = os.environ.get("ZOO_RESULTS_DIR") or str(tmp_path_factory.getbasetemp() / "zoo")

@@ -70,3 +70,43 @@ def test_the_family_set_is_what_mlx_lm_ships_remapped_names_included():
     assert {"mistral", "falcon_mamba", "qwen2_5_vl"} <= set(families)  # MODEL_REMAPPING's names
     assert text_families.module_of("mistral") == "llama"
     assert not {"cache", "base", "rope_utils", "switch_layers"} & set(families)  # helpers, no Model
+
+
+def test_a_run_of_some_vision_families_updates_them_in_an_earlier_runs_file(tmp_path, monkeypatch):
+    """FAMILIES=... into the folder of a whole run: that run's other families stay, those run
+    again are replaced; a file of another mlx-vlm is not mixed in."""
+    import mlx_vlm
+
+    from zoo.vision_results import Results as VisionResults
+
+    path = tmp_path / "vision.json"
+    whole = VisionResults(str(path))
+    whole.family("qwen2_vl").check("alone", True)
+    whole.family("phi3_v").not_built("a tower too big")
+    whole.write()
+    again = VisionResults(str(path))
+    again.family("phi3_v").check("alone", False)
+    again.write()
+    families = json.loads(path.read_text())["families"]
+    assert families["qwen2_vl"]["checks"]["alone"] is True
+    assert families["phi3_v"]["status"] == "served" and families["phi3_v"]["checks"]["alone"] is False
+
+    monkeypatch.setattr(mlx_vlm, "__version__", "0.0.0-other")
+    other = VisionResults(str(path))
+    other.family("smolvlm").check("alone", True)
+    other.write()
+    assert set(json.loads(path.read_text())["families"]) == {"smolvlm"}
+
+
+def test_a_full_size_tower_family_is_built_only_when_asked(monkeypatch):
+    from zoo import vision_families
+
+    monkeypatch.delenv("ZOO_FULL_TOWERS", raising=False)
+    heavy = sorted(vision_families.FULL_TOWERS)[0]
+    assert not vision_families.built_here(heavy, [])
+    assert vision_families.built_here(heavy, [heavy])
+    assert vision_families.built_here("qwen2_vl", [])
+    assert not vision_families.built_here("siglip", [])  # no recipe: never
+    assert vision_families.reason(heavy) == vision_families.FULL_TOWERS[heavy]
+    monkeypatch.setenv("ZOO_FULL_TOWERS", "1")
+    assert vision_families.built_here(heavy, [])

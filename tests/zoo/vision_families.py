@@ -6,8 +6,9 @@ list we keep. vision_recipes.py makes the families it can tiny; every other fami
 listed with the reason, read from the library's source: LIBRARY_CANNOT (what the installed
 library lacks here: a processor only the Hub has, a package not installed), NOT_BUILT (not a
 text generator, a weights format the builder does not write, a vision tower the library fixes
-at a size no matrix case can afford, with its measured cost). A family in none of them (one a
-newer mlx-vlm adds) gets the bare "no recipe" reason, and the matrix says so.
+at a size no matrix case can afford, with its measured cost), FULL_TOWERS (built with such a
+tower where a case takes minutes: checked when asked, not in `make test`). A family in none of
+them (one a newer mlx-vlm adds) gets the bare "no recipe" reason, and the matrix says so.
 """
 
 import importlib.util
@@ -61,50 +62,53 @@ NOT_BUILT = {
     "d1_omni": _NOT_TEXT.format("yes/no decisions"),
     "clef": _NOT_TEXT.format("answers to choice and score questions (a schema head over Qwen 3.5, called with "
                              "question and option spans)"),
-    # A tower whose size the model code fixes, not the config.
+    # A tower whose size the model code fixes, not the config, and no recipe yet. Measured with the OpenBLAS the
+    # server and the oracle preload (the tower alone, seeded random weights, the shared 2-core CPU; the figures
+    # first written here were taken without it, 5-15x slower for float32 matmuls).
     # DeepSeek-OCR's SAM tower is built from SAMViTConfig()'s defaults whatever the config says (ViT-B: 12 layers of
     # width 768, 95.6M parameters with its neck), and its processors pad every picture's global view to base_size
     # 1024 pixels (a call argument every caller leaves at its default; no processor file sets it), so a picture is
-    # 4096 patches through it. Measured here (the tower alone, seeded random weights, the shared 2-core CPU, in a
-    # test process, which runs MLX's bundled BLAS where the server preloads OpenBLAS, 5-15x faster for float32
-    # matmuls): one float32 forward had not finished after 300 s wall, one bfloat16 forward not after 150
-    # CPU-seconds (9 minutes wall). A matrix case encodes at least 8 pictures (the oracle's 2, then alone, two at
-    # once, stream, repeat): even 15x faster, over 10 s a picture is 80 s a case, against a budget of ~40 s. The rest (CLIP part, projector, text model, vocabulary)
-    # could be made tiny: the CLIP part's width stays 1024 (SAM's output channels are its patch embeddings).
+    # 4096 patches through it: 36-38 s a forward in float32. A case encodes some 10 pictures (the oracle's 2,
+    # then alone, two at once, stream, repeat): ~6 min, a FULL_TOWERS family once it has a recipe. The rest (CLIP
+    # part, projector, text model, vocabulary) could be made tiny: the CLIP part's width stays 1024 (SAM's output
+    # channels are its patch embeddings).
     "deepseekocr": "its SAM tower is fixed at ViT-B size (SAMViTConfig() defaults, not the config's; 95.6M "
-                   "parameters) and its processor pads every picture to 1024 pixels (4096 patches): one forward "
-                   "of that tower took over 150 CPU-seconds here, a matrix case needs at least 8; not built",
+                   "parameters) and its processor pads every picture to 1024 pixels (4096 patches): 36-38 s a "
+                   "picture here, ~6 min a matrix case; no recipe yet",
     "deepseekocr_2": "DeepSeek-OCR's fixed ViT-B SAM tower (SAMViTConfig() defaults; 896 output channels) at the "
-                     "1024 pixels its processor pads every picture to: over 150 CPU-seconds a picture here, a "
-                     "matrix case needs at least 8; not built",
+                     "1024 pixels its processor pads every picture to: 36-38 s a picture here, ~6 min a matrix "
+                     "case; no recipe yet",
     "unlimited_ocr": "DeepSeek-OCR's model and its fixed ViT-B SAM tower (SAMViTConfig() defaults) at the 1024 "
                      "pixels its processor pads every picture to (base_size is a call argument; its "
-                     "processor_config.json sets only the constructor's fields): over 150 CPU-seconds a picture "
-                     "here, a matrix case needs at least 8; not built",
-    # Measured at full size (the tower at its fixed size, seeded random weights, the rest tiny).
-    "phi3_v": "its CLIP tower is fixed in mlx-vlm's code (VisionModel.CLIP_VIT_LARGE_PATCH14_336_CONFIG: 24 layers, "
-              "1024 wide, 336-pixel crops, 303.5M parameters: 1.2 GB in float32, 0.6 GB in bfloat16; the config's "
-              "vision part is not read). The processor takes num_crops 1 (preprocessor_config.json), the least: a "
-              "picture is then one 336-pixel tile and the global view, 313 image tokens, 2 crops through 24 "
-              "layers. On this CPU one layer on one crop took 16-20 s in float32, 8-9 s in bfloat16 (in a test "
-              "process, without the OpenBLAS the server preloads, 5-15x faster for float32 matmuls), so ~400 s a "
-              "picture (2 crops in either dtype did not finish in 300 s); even 15x faster, ~25 s a picture and "
-              "some 8 pictures a case: far over a matrix case's ~40 s, so no recipe is kept",
-    # Measured (the tower alone, seeded random weights, the shared 2-core CPU, in a test process without the
-    # server's OpenBLAS; its cost is mostly convolutions): 294.1M parameters (a folder of
-    # ~590 MB in bfloat16, 1.2 GB in float32); the smallest picture it takes is 256 pixels (stage 3 at 16x16, the
-    # fusion adapter's output; at 64 its resize branch fails: rms_norm2d "[broadcast_shapes] Shapes (1,16,2048,16)
-    # and (1,2048,1,1)"); one forward at 256 pixels took about 70 CPU-seconds in float32 (288 s wall), 71 in bfloat16
-    # (256 s wall). A matrix case encodes at least 8 pictures, against a budget of ~40 s.
+                     "processor_config.json sets only the constructor's fields): 36-38 s a picture here, ~6 min a "
+                     "matrix case; no recipe yet",
+    # 294.1M parameters (a folder of 1.2 GB in float32); the smallest picture it takes is 256 pixels (stage 3 at
+    # 16x16, the fusion adapter's output; at 64 its resize branch fails: rms_norm2d "[broadcast_shapes] Shapes
+    # (1,16,2048,16) and (1,2048,1,1)"); one forward at 256 pixels: 3.5-4.1 s in float32. Affordable; what a recipe
+    # still needs: Gemma 3n's text model (AltUp, LAuReL, per-layer inputs) reads image tokens at ids from 262144
+    # (its vision embedding's offset) and its processor names them through the tokenizer's image and audio tokens.
     "gemma3n": "its MobileNet-V5 tower is fixed in mlx-vlm's code (gemma3n_mobilenet_def: 4 stages of 128 to 1280 "
-               "filters, some 80 blocks, a 2048-wide fusion adapter; 294.1M parameters, no config field sizes it); "
-               "at its smallest picture (256 pixels) one forward took ~70 CPU-seconds here in float32 or "
-               "bfloat16, and a matrix case needs at least 8: not built",
+               "filters, some 80 blocks, a 2048-wide fusion adapter; 294.1M parameters, no config field sizes it): "
+               "3.5-4.1 s a picture here at its smallest (256 pixels); no recipe yet (its image tokens sit at ids "
+               "from 262144, its processor reads them from the tokenizer's named image and audio tokens)",
     # Text by diffusion: no token-by-token generation for a batch or a stream to reproduce.
     "diffusion_gemma": "generates text by diffusion, not one token a step: nothing this server runs",
     # A weights format the builder does not write.
     "prism_hadamard_qwen35": "Qwen 3.5 as 2-bit Hadamard-rotated packs only (its config refuses any other "
                              "quantization and wants a packed-module manifest); the builder writes float weights",
+}
+
+
+# Families built with a vision tower mlx-vlm fixes at its full size in code: a case takes minutes, over `make test`'s
+# budget, so the matrix builds and checks them only when asked, with ZOO_FULL_TOWERS=1 (as `make families-doc` runs
+# it) or by name in FAMILIES. Measured here with the OpenBLAS the server and the oracle preload (seeded random
+# weights, the shared 2-core CPU).
+FULL_TOWERS = {
+    # Both crops of a picture (its one 336-pixel tile and the global view) through the tower: 17.7-18.0 s in float32,
+    # 213-219 s in bfloat16; a case encodes some 10 pictures (the oracle's 2, then alone, two at once, stream, repeat).
+    "phi3_v": "its CLIP ViT-L/14 tower is fixed in mlx-vlm's code (24 layers, 1024 wide, 303.5M parameters, 1.2 GB "
+              "in float32): ~18 s a picture here, some 10 pictures a case; checked when asked (ZOO_FULL_TOWERS=1, "
+              "as make families-doc runs, or FAMILIES=phi3_v), not in make test",
 }
 
 
@@ -142,4 +146,14 @@ LIBRARY_CANNOT = {
 
 
 def reason(family: str) -> str:
-    return LIBRARY_CANNOT.get(family) or NOT_BUILT.get(family, "no recipe for its tokenizer and processor files yet")
+    return (LIBRARY_CANNOT.get(family) or NOT_BUILT.get(family) or FULL_TOWERS.get(family)
+            or "no recipe for its tokenizer and processor files yet")
+
+
+def built_here(family: str, named: List[str]) -> bool:
+    """Whether the matrix builds `family` in this run: it has a recipe, and a full-size tower only when asked
+    (ZOO_FULL_TOWERS=1, or `named` in FAMILIES)."""
+    from zoo.vision_recipes import RECIPES
+
+    asked = os.environ.get("ZOO_FULL_TOWERS") == "1" or family in named
+    return family in RECIPES and (family not in FULL_TOWERS or asked)

@@ -45,11 +45,22 @@ class Results:
         return self.records.setdefault(name, Record())
 
     def write(self) -> None:
+        """This run's records, over those an earlier run of the same library left in the file: a run of
+        some families (FAMILIES=...) into a folder of a whole run updates just those."""
         import mlx_vlm
 
+        library = f"mlx-vlm {mlx_vlm.__version__}"
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        body = {"library": f"mlx-vlm {mlx_vlm.__version__}",
-                "families": {name: vars(r) for name, r in sorted(self.records.items())}}
+        families = {}
+        try:
+            with open(self.path) as f:
+                earlier = json.load(f)
+        except (OSError, ValueError):  # none yet, or not whole: this run's records alone
+            earlier = {}
+        if earlier.get("library") == library:
+            families = earlier.get("families", {})
+        families.update({name: vars(r) for name, r in self.records.items()})
+        body = {"library": library, "families": dict(sorted(families.items()))}
         tmp = f"{self.path}.partial-{os.getpid()}"
         with open(tmp, "w") as f:
             json.dump(body, f, indent=1)

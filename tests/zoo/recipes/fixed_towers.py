@@ -2,7 +2,7 @@
 weights), everything else tiny.
 """
 
-from zoo.recipes.base import Recipe, _add
+from zoo.recipes.base import Recipe, _add, _turns
 from zoo.recipes.single_run import LLAVA_TEMPLATE
 from zoo.vision_shrink import shrink
 
@@ -23,3 +23,24 @@ _add("fastvlm", Recipe(specials=["<|endoftext|>", "<|im_end|>", "<image>"], eos=
                        template=LLAVA_TEMPLATE, config=_fastvlm, scaled={"vision_tower.": 2.5},
                        files={"preprocessor_config.json": {"size": {"shortest_edge": 64},
                                                            "crop_size": {"height": 64, "width": 64}}}))
+
+
+# ---- Phi-3-Vision (phi3_v): the CLIP ViT-L/14 tower at 336 pixels (24 layers, 1024 wide, ~303 M parameters; a class
+# attribute of its VisionModel, the config's vision part not read), four neighbouring patch features concatenated and
+# projected by a 2-layer GELU MLP, its own Phi-3 text model (sizes at the config's top level). Its processor
+# (Phi3VProcessor) tiles a picture into 336-pixel crops, at most num_crops (preprocessor_config.json; 1 here, the
+# least: one tile and the global view, 313 image tokens) and writes each image's tokens as -1 at <|image_1|>,
+# the tag mlx-vlm's prompt writes before the question. ~18 s a picture here in float32 with OpenBLAS (bfloat16 ~200 s:
+# its matmuls have no fast path on this CPU), so float32; a folder of 1.2 GB.
+
+PHI3_TEMPLATE = _turns("{{ '<|' + message['role'] + '|>\\n' }}", "<|image_1|>", "<|end|>\\n", "<|assistant|>\\n")
+
+
+def _phi3_v(m, ids, vocab):
+    return {"model_type": "phi3_v", **shrink(m.ModelConfig, vocab_size=vocab), "vision_config": {},
+            "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|end|>"]}
+
+
+_add("phi3_v", Recipe(specials=["<|endoftext|>", "<|user|>", "<|assistant|>", "<|end|>"], eos="<|end|>",
+                      template=PHI3_TEMPLATE, config=_phi3_v,
+                      files={"preprocessor_config.json": {"num_crops": 1, "num_img_tokens": 144}}))
