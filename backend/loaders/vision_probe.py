@@ -91,10 +91,15 @@ def media_tokens(named: List[int], test_ids: List[int], placed: Callable[[], Lis
     """The ids a request's media sit at: those the config names when the test image's prompt holds
     one of them, else where the test image landed (`placed()`), with the video token. A config may
     name none, or only ids its processor never writes: Phi-3-Vision's config class keeps
-    PaliGemma's image_token_index (257152) while its processor writes -N for image N."""
+    PaliGemma's image_token_index (257152) while its processor writes -N for image N. When the
+    embedding step shows nothing either, the named ids stay: a request is then refused for want
+    of a place, never served with its image unseen."""
     if set(named) & set(test_ids):
         return list(named)
-    return sorted(set(placed()) | ({video_id} if video_id is not None else set()))
+    found = set(placed())
+    if named and not found:
+        return list(named)
+    return sorted(found | ({video_id} if video_id is not None else set()))
 
 
 def whole_model_steps(vlm) -> Optional[str]:

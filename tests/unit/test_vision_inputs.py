@@ -77,6 +77,8 @@ def test_a_named_image_token_the_processor_never_writes_gives_way_to_where_the_i
     assert media_tokens([9, 10], [4, 9, 9, 7], placed, None) == [9, 10]  # named and written: kept, nothing probed
     assert len(asked) == 2
     assert media_tokens([], [4, 5], lambda: [], 11) == [11]
+    # Nothing learned either: the config's ids stay, and a request is refused rather than served blind.
+    assert media_tokens([257152], [4, -1, 7], lambda: [], 11) == [257152]
 
 
 def test_the_processors_outputs_that_are_not_arrays_reach_the_engine():
