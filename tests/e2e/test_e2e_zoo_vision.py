@@ -13,7 +13,7 @@ the family, gives the library's tokens. A family whose library generation fails 
 refused at LoadModel, in the library's words. Each family is one case; the results go to
 vision.json (in $ZOO_RESULTS_DIR, else zoo/ in this run's temporary folder), written even when
 cases fail. `FAMILIES=a,b` runs only those. In `make test`: every family built, a few
-seconds each, but those with a vision tower mlx-vlm fixes at full size (minutes a case:
+seconds each, but those with a vision tower mlx-vlm fixes at full size (a minute or more a case:
 vision_families.FULL_TOWERS), checked with ZOO_FULL_TOWERS=1 (make families-doc) or by name.
 Beside them: a folder whose processor cannot see images (mlx-vlm's bare-tokenizer fallback)
 is refused at load.

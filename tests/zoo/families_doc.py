@@ -25,7 +25,7 @@ token for token with the library's own generation run in a separate process (mlx
 mlx-vlm's `stream_generate`, a plain forward pass for Score; each comparison ends at the first
 step where the library's top-2 log-probability margin is under 1e-3, where any float
 reordering may pick the other token). A few vision families keep a tower mlx-vlm fixes at its
-full size in code, so a case takes minutes: `make families-doc` checks them, `make test` does
+full size in code, so a case takes a minute or more: `make families-doc` checks them, `make test` does
 not (tests/zoo/vision_families.py, FULL_TOWERS).
 
 The columns: **lane**, the one Status reports (`batch`: requests decode together in mlx-lm's

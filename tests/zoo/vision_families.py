@@ -7,7 +7,7 @@ listed with the reason, read from the library's source: LIBRARY_CANNOT (what the
 library lacks here: a processor only the Hub has, a package not installed), NOT_BUILT (not a
 text generator, a weights format the builder does not write, a vision tower the library fixes
 at a size no matrix case can afford, with its measured cost), FULL_TOWERS (built with such a
-tower where a case takes minutes: checked when asked, not in `make test`). A family in none of
+tower where a case takes a minute or more: checked when asked, not in `make test`). A family in none of
 them (one a newer mlx-vlm adds) gets the bare "no recipe" reason, and the matrix says so.
 """
 
@@ -82,15 +82,6 @@ NOT_BUILT = {
                      "pixels its processor pads every picture to (base_size is a call argument; its "
                      "processor_config.json sets only the constructor's fields): 36-38 s a picture here, ~6 min a "
                      "matrix case; no recipe yet",
-    # 294.1M parameters (a folder of 1.2 GB in float32); the smallest picture it takes is 256 pixels (stage 3 at
-    # 16x16, the fusion adapter's output; at 64 its resize branch fails: rms_norm2d "[broadcast_shapes] Shapes
-    # (1,16,2048,16) and (1,2048,1,1)"); one forward at 256 pixels: 3.5-4.1 s in float32. Affordable; what a recipe
-    # still needs: Gemma 3n's text model (AltUp, LAuReL, per-layer inputs) reads image tokens at ids from 262144
-    # (its vision embedding's offset) and its processor names them through the tokenizer's image and audio tokens.
-    "gemma3n": "its MobileNet-V5 tower is fixed in mlx-vlm's code (gemma3n_mobilenet_def: 4 stages of 128 to 1280 "
-               "filters, some 80 blocks, a 2048-wide fusion adapter; 294.1M parameters, no config field sizes it): "
-               "3.5-4.1 s a picture here at its smallest (256 pixels); no recipe yet (its image tokens sit at ids "
-               "from 262144, its processor reads them from the tokenizer's named image and audio tokens)",
     # Text by diffusion: no token-by-token generation for a batch or a stream to reproduce.
     "diffusion_gemma": "generates text by diffusion, not one token a step: nothing this server runs",
     # A weights format the builder does not write.
@@ -99,16 +90,23 @@ NOT_BUILT = {
 }
 
 
-# Families built with a vision tower mlx-vlm fixes at its full size in code: a case takes minutes, over `make test`'s
-# budget, so the matrix builds and checks them only when asked, with ZOO_FULL_TOWERS=1 (as `make families-doc` runs
-# it) or by name in FAMILIES. Measured here with the OpenBLAS the server and the oracle preload (seeded random
-# weights, the shared 2-core CPU).
+# Families built with a vision tower mlx-vlm fixes at its full size in code: a case takes a minute or more, over
+# `make test`'s budget, so the matrix builds and checks them only when asked, with ZOO_FULL_TOWERS=1 (as
+# `make families-doc` runs it) or by name in FAMILIES. Measured here with the OpenBLAS the server and the oracle
+# preload (seeded random weights, the shared 2-core CPU).
 FULL_TOWERS = {
     # Both crops of a picture (its one 336-pixel tile and the global view) through the tower: 17.7-18.0 s in float32,
     # 213-219 s in bfloat16; a case encodes some 10 pictures (the oracle's 2, then alone, two at once, stream, repeat).
     "phi3_v": "its CLIP ViT-L/14 tower is fixed in mlx-vlm's code (24 layers, 1024 wide, 303.5M parameters, 1.2 GB "
               "in float32): ~18 s a picture here, some 10 pictures a case; checked when asked (ZOO_FULL_TOWERS=1, "
               "as make families-doc runs, or FAMILIES=phi3_v), not in make test",
+    # 294.1M parameters (a folder of 1.2 GB in float32); the smallest picture it takes is 256 pixels (stage 3 at
+    # 16x16, the fusion adapter's output; at 64 its resize branch fails: rms_norm2d "[broadcast_shapes] Shapes
+    # (1,16,2048,16) and (1,2048,1,1)"); one forward at 256 pixels: 3.5-4.1 s in float32; a case ~1 min.
+    "gemma3n": "its MobileNet-V5 tower is fixed in mlx-vlm's code (gemma3n_mobilenet_def: 4 stages of 128 to 1280 "
+               "filters, some 80 blocks, a 2048-wide fusion adapter; 294.1M parameters, 1.2 GB in float32): ~4 s a "
+               "picture here at its smallest (256 pixels), ~1 min a case; checked when asked (ZOO_FULL_TOWERS=1, as "
+               "make families-doc runs, or FAMILIES=gemma3n), not in make test",
 }
 
 

@@ -4,7 +4,7 @@ weights), everything else tiny.
 
 from zoo.recipes.base import Recipe, _add, _turns
 from zoo.recipes.single_run import LLAVA_TEMPLATE
-from zoo.vision_shrink import shrink
+from zoo.vision_shrink import WIDTH, shrink
 
 
 # ---- FastVLM (model_type llava_qwen2): the FastViTHD tower (44 blocks, 96 to 1536 wide, ~125 M parameters; class
@@ -44,3 +44,48 @@ def _phi3_v(m, ids, vocab):
 _add("phi3_v", Recipe(specials=["<|endoftext|>", "<|user|>", "<|assistant|>", "<|end|>"], eos="<|end|>",
                       template=PHI3_TEMPLATE, config=_phi3_v,
                       files={"preprocessor_config.json": {"num_crops": 1, "num_img_tokens": 144}}))
+
+
+# ---- Gemma 3n (gemma3n): the MobileNet-V5 tower (294.1 M parameters, fixed in gemma3n_mobilenet_def) at its smallest
+# picture, 256 pixels: 16x16 = 256 soft tokens of its 2048 channels; Gemma 3n's text model (AltUp, LAuReL, per-layer
+# inputs) tiny. Its embedding step reads a token as the vision embedder's from vision_config.vocab_offset and as the
+# audio embedder's from audio_config.vocab_offset (262144 and 262272 in its checkpoints): here 512 and 640, the image
+# and audio tokens placed just past them, the text's per-layer inputs below 512. Its processor expands
+# each image token of the prompt (its template writes one an image) into image_seq_length of them framed by the
+# tokenizer's named begin and end tokens.
+
+_G3N_VISION, _G3N_AUDIO = 512, 640
+G3N_TEMPLATE = _turns("{{ '<start_of_turn>' + message['role'] + '\\n' }}", "<image_soft_token>", "<end_of_turn>\\n",
+                      "<start_of_turn>model\\n")
+
+
+def _gemma3n(m, ids, vocab):
+    text = shrink(m.TextConfig, model_type="gemma3n_text", vocab_size=vocab, vocab_size_per_layer_input=_G3N_VISION,
+                  hidden_size_per_layer_input=8, laurel_rank=8, layer_types=["sliding_attention", "full_attention"],
+                  sliding_window=16, num_kv_shared_layers=0, activation_sparsity_pattern=[0.0, 0.0],
+                  altup_num_inputs=2, altup_coef_clip=120.0, query_pre_attn_scalar=16,
+                  intermediate_size=[2 * WIDTH] * 2)
+    return {"model_type": "gemma3n", "text_config": text,
+            "vision_config": {"model_type": "gemma3n_vision", "hidden_size": 2048, "vocab_size": 128,
+                              "vocab_offset": _G3N_VISION},
+            "audio_config": shrink(m.AudioConfig, hidden_size=WIDTH, conf_num_hidden_layers=1,
+                                   conf_num_attention_heads=2, sscp_conv_channel_size=[4, 4], vocab_size=2,
+                                   vocab_offset=_G3N_AUDIO),
+            "image_token_id": ids["<image_soft_token>"], "audio_token_id": ids["<audio_soft_token>"],
+            "vision_soft_tokens_per_image": 256, "vocab_size": vocab, "hidden_size": WIDTH,
+            "eos_token_id": [ids["<end_of_turn>"]], "pad_token_id": ids["<pad>"]}
+
+
+_add("gemma3n", Recipe(
+    specials=["<pad>", "<end_of_turn>", "<start_of_turn>", "<start_of_image>", "<end_of_image>", "<start_of_audio>",
+              "<end_of_audio>", "<image_soft_token>", "<audio_soft_token>"],
+    eos="<end_of_turn>", template=G3N_TEMPLATE, config=_gemma3n, unscaled=("embed_tokens",),
+    fixed={"<image_soft_token>": _G3N_VISION + 1, "<audio_soft_token>": _G3N_AUDIO + 1},
+    tokenizer_config={"extra_special_tokens": {
+        "image_token": "<image_soft_token>", "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+        "audio_token": "<audio_soft_token>", "boa_token": "<start_of_audio>", "eoa_token": "<end_of_audio>"}},
+    files={"preprocessor_config.json": {
+        "image_processor_type": "SiglipImageProcessor", "processor_class": "Gemma3nProcessor",
+        "size": {"height": 256, "width": 256}, "do_resize": True, "do_rescale": True, "do_normalize": False,
+        "do_convert_rgb": True, "resample": 2},
+        "processor_config.json": {"processor_class": "Gemma3nProcessor", "image_seq_length": 256}}))
