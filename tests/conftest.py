@@ -17,6 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [os.path.join(REPO, "backend"), REPO, os.path.dirname(os.path.abspath(__file__))]
 
 from common.launcher import Backend  # noqa: E402
+from common.openblas import preload_env  # noqa: E402
 
 # The prefix cache's disk tier is on by default: every server this run starts keeps its
 # prompt caches in this run's own folder, never in the user's (an earlier run's files would
@@ -122,6 +123,25 @@ def after_restart(root, log_dir, name, first_work):
         yield second, second_log
     finally:
         second.stop()
+
+
+def pytest_configure(config):
+    """The tests run with OpenBLAS preloaded, as the server runs: the in-process engine tests
+    load the model the server would (float32 on the CPU with OpenBLAS, as the loader chooses)
+    and compute at its speed (without it, ~10 prompt tokens a second: one admission test took
+    two minutes). LD_PRELOAD is read only at a process's start, so pytest runs again, with the
+    same arguments, before it collects anything; the servers the tests start inherit it (the
+    package test starts its own with a host's environment, where the server preloads itself)."""
+    env = preload_env()
+    if env is None:
+        return
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:
+        capture.suspend_global_capture(in_=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    shutil.rmtree(_PROMPT_CACHE, True)
+    os.execve(sys.executable, [sys.executable, "-m", "pytest", *config.invocation_params.args], env)
 
 
 def pytest_collection_modifyitems(config, items):

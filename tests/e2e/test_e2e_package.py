@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from common import openblas
 from common.launcher import REPO, backend_pb2, chat
 from localai_host import kill_group, start_like_localai, stop_like_localai, wait_healthy_like_the_host
 
@@ -155,6 +156,10 @@ def serve_installed(folder: Path, root: Path, log_path: Path) -> None:
             inside = str(folder.resolve()) + os.sep
             assert python_files and all(p.startswith(inside) for p in python_files), python_files
             assert os.path.realpath(f"/proc/{proc.pid}/exe").startswith(inside)
+            # The host's environment preloads nothing: where the machine has OpenBLAS, the
+            # server preloaded it itself (the tests' own servers inherit it from pytest).
+            if os.path.exists(openblas.DEFAULT_LIB):
+                assert os.path.realpath(openblas.DEFAULT_LIB) in mapped_files(proc.pid)
         result = stub.LoadModel(backend_pb2.ModelOptions(Model="", ContextSize=2048), timeout=300)
         assert result.success, result.message
         reply = stub.Predict(chat("What is the capital of France?", Tokens=8), timeout=120)
