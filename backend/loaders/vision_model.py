@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+import numpy as np
+
 log = logging.getLogger("mlx-backend.vision")
 
 
@@ -172,6 +174,37 @@ def each_array(value, make):
     if isinstance(value, dict):
         return {k: each_array(v, make) for k, v in value.items()}
     return value
+
+
+@dataclass(frozen=True)
+class HostBFloat16:
+    """A bfloat16 array held off the engine thread: numpy has no bfloat16, so its bits, as uint16.
+    DeepSeek-OCR's processors make their pixels bfloat16; the model must get them so (as float32
+    they would turn its bfloat16 tower's matmuls into float32 ones)."""
+    bits: np.ndarray
+
+    @property
+    def shape(self):
+        return self.bits.shape
+
+
+def to_host(value):
+    """An array from a processor as numpy (an MLX array made on the prep thread would belong to its
+    stream); a bfloat16 one as its bits (HostBFloat16)."""
+    import mlx.core as mx
+
+    if isinstance(value, mx.array) and value.dtype == mx.bfloat16:
+        return HostBFloat16(np.array(value.view(mx.uint16)))
+    return np.array(value)
+
+
+def to_engine(value):
+    """to_host's array as an MLX array again, of the processor's dtype (on the engine thread)."""
+    import mlx.core as mx
+
+    if isinstance(value, HostBFloat16):
+        return mx.array(value.bits).view(mx.bfloat16)
+    return mx.array(value)
 
 
 def _video_options(options, bounds) -> Dict[str, Any]:

@@ -22,7 +22,7 @@ from common.python_utils import OptionError
 from engine import EngineError
 from loaders import media_bounds
 from loaders.media_bounds import Extent
-from loaders.vision_model import each_array
+from loaders.vision_model import each_array, to_host
 
 from . import spec as spec_
 from .render_guard import bounded
@@ -193,8 +193,8 @@ def _expand(lm, text: str, images: list, videos: List[str]) -> Tuple[List[int], 
     # Everything else the processor made, as mlx-vlm's generation hands it to the model: the attention mask
     # (PaliGemma's and Gemma 3's embedding steps build a 4-D mask from it), and values that are not arrays
     # (Moondream 3's crops per image and their layout: without them its tower takes the crops for images).
-    # Their arrays as numpy: an MLX array made here would belong to this thread's stream.
-    arrays = {k: each_array(v, np.array) for k, v in inputs.items() if v is not None and k != "input_ids"}
+    # Their arrays as numpy (bfloat16 ones as their bits): an MLX array made here would belong to this thread's stream.
+    arrays = {k: each_array(v, to_host) for k, v in inputs.items() if v is not None and k != "input_ids"}
     ids = np.array(inputs["input_ids"]).reshape(-1).tolist()
     return ids, arrays
 

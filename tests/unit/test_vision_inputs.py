@@ -105,6 +105,30 @@ def test_the_processors_outputs_that_are_not_arrays_reach_the_engine():
     assert made["num_crops"] == own["num_crops"] and made["pixel_values"].shape == own["pixel_values"].shape
 
 
+def test_the_processors_arrays_reach_the_engine_with_their_dtype_and_values():
+    """A processor's arrays go to the prep thread's numpy and back to MLX on the engine thread
+    (vision_batch.engine_arrays): DeepSeek-OCR's processors make bfloat16 pixels, which numpy
+    has no type for (the first request failed at LoadModel's check); every dtype comes back as
+    made, bit for bit, through the lists and dicts processors nest arrays in."""
+    import mlx.core as mx
+    from types import SimpleNamespace
+
+    from engine.lanes.vision_batch import engine_arrays
+    from loaders.vision_model import each_array, to_host
+
+    pixels = mx.random.normal((2, 3, 8, 8), key=mx.random.key(3))
+    made = {"images": [pixels.astype(mx.bfloat16), pixels], "mask": mx.array([[True, False]]),
+            "crop": {"grid": mx.array([[1, 2]], dtype=mx.int64), "half": pixels[0].astype(mx.float16)}, "count": 3}
+    back = engine_arrays(SimpleNamespace(arrays=each_array(made, to_host)))
+    pairs = [(made["images"][0], back["images"][0]), (made["images"][1], back["images"][1]),
+             (made["mask"], back["mask"]), (made["crop"]["grid"], back["crop"]["grid"]),
+             (made["crop"]["half"], back["crop"]["half"])]
+    for want, got in pairs:
+        assert isinstance(got, mx.array) and got.dtype == want.dtype and got.shape == want.shape
+        assert mx.array_equal(got, want).item()
+    assert back["count"] == 3 and isinstance(back["images"], list)
+
+
 def test_a_model_that_keeps_the_images_state_on_itself_is_not_batched():
     """MolmoPoint's language model is the whole model: its next step's point logits come from the
     last image it embedded, kept on the module. Two requests in one batch would share it (shown

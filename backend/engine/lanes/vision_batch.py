@@ -37,7 +37,7 @@ import mlx.core as mx
 from engine.lanes.batch import Capabilities
 from engine.lanes.sampling import SamplingParams
 from engine.lanes.text_batch import First, TextBatch, _argmax
-from loaders.vision_model import each_array, run_layers
+from loaders.vision_model import each_array, run_layers, to_engine
 
 log = logging.getLogger("mlx-backend.vision")
 
@@ -70,7 +70,7 @@ class _Prefill:
 def engine_arrays(media) -> Dict[str, Any]:
     """A request's processor outputs (prepare/vision.py: numpy arrays, and lists or numbers as the
     processor made them) with MLX arrays made here, on the engine thread, in the same nesting."""
-    return {k: each_array(v, mx.array) for k, v in media.arrays.items()} if media is not None else {}
+    return {k: each_array(v, to_engine) for k, v in media.arrays.items()} if media is not None else {}
 
 
 class VisionBatch(TextBatch):
