@@ -155,6 +155,8 @@ def conditioned(family: str, recipe: Recipe, config: dict, tok) -> Dict[str, obj
     model = _model(config)
     weights = {k: _varied(v) for k, v in tree_flatten(model.parameters())}
     weights = {k: v * _scale(recipe, k) if v.ndim >= 2 else v for k, v in weights.items()}
+    if recipe.packed is not None:
+        weights = recipe.packed(weights, config)
     model.load_weights(list(weights.items()))
     vocab = len(tok)
     head, tied = _head(weights, vocab)

@@ -84,9 +84,6 @@ NOT_BUILT = {
                      "matrix case; no recipe yet",
     # Text by diffusion: no token-by-token generation for a batch or a stream to reproduce.
     "diffusion_gemma": "generates text by diffusion, not one token a step: nothing this server runs",
-    # A weights format the builder does not write.
-    "prism_hadamard_qwen35": "Qwen 3.5 as 2-bit Hadamard-rotated packs only (its config refuses any other "
-                             "quantization and wants a packed-module manifest); the builder writes float weights",
 }
 
 

@@ -14,7 +14,7 @@ imported, in the order below, which is the matrix's order.
 
 from zoo.recipes.base import RECIPES, Recipe, module_of
 from zoo.recipes import (  # noqa: F401  (imported for the families they add)
-    single_run, tiled, descendants, newer, omni, own_tokens, minicpm, encoder_decoder, coded_ids, fixed_towers,
+    single_run, tiled, descendants, newer, omni, own_tokens, minicpm, encoder_decoder, coded_ids, fixed_towers, packed,
 )
 
 __all__ = ["RECIPES", "Recipe", "module_of"]

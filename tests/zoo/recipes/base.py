@@ -36,6 +36,9 @@ class Recipe:
     # Special tokens (of `specials`) at the ids the family's processor writes in code; the vocabulary is padded with
     # fillers up to them (zoo/fixed_ids.py).
     fixed: Dict[str, int] = field(default_factory=dict)
+    # A family whose checkpoints hold packed weights (2-bit Hadamard packs): (seeded weights, config.json) -> the
+    # weights with the packed ones made from seeded dense matrices (the model's placeholders are zeros).
+    packed: Callable = None
 
 
 def module_of(family: str):
