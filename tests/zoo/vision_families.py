@@ -62,26 +62,6 @@ NOT_BUILT = {
     "d1_omni": _NOT_TEXT.format("yes/no decisions"),
     "clef": _NOT_TEXT.format("answers to choice and score questions (a schema head over Qwen 3.5, called with "
                              "question and option spans)"),
-    # A tower whose size the model code fixes, not the config, and no recipe yet. Measured with the OpenBLAS the
-    # server and the oracle preload (the tower alone, seeded random weights, the shared 2-core CPU; the figures
-    # first written here were taken without it, 5-15x slower for float32 matmuls).
-    # DeepSeek-OCR's SAM tower is built from SAMViTConfig()'s defaults whatever the config says (ViT-B: 12 layers of
-    # width 768, 95.6M parameters with its neck), and its processors pad every picture's global view to base_size
-    # 1024 pixels (a call argument every caller leaves at its default; no processor file sets it), so a picture is
-    # 4096 patches through it: 36-38 s a forward in float32. A case encodes some 10 pictures (the oracle's 2,
-    # then alone, two at once, stream, repeat): ~6 min, a FULL_TOWERS family once it has a recipe. The rest (CLIP
-    # part, projector, text model, vocabulary) could be made tiny: the CLIP part's width stays 1024 (SAM's output
-    # channels are its patch embeddings).
-    "deepseekocr": "its SAM tower is fixed at ViT-B size (SAMViTConfig() defaults, not the config's; 95.6M "
-                   "parameters) and its processor pads every picture to 1024 pixels (4096 patches): 36-38 s a "
-                   "picture here, ~6 min a matrix case; no recipe yet",
-    "deepseekocr_2": "DeepSeek-OCR's fixed ViT-B SAM tower (SAMViTConfig() defaults; 896 output channels) at the "
-                     "1024 pixels its processor pads every picture to: 36-38 s a picture here, ~6 min a matrix "
-                     "case; no recipe yet",
-    "unlimited_ocr": "DeepSeek-OCR's model and its fixed ViT-B SAM tower (SAMViTConfig() defaults) at the 1024 "
-                     "pixels its processor pads every picture to (base_size is a call argument; its "
-                     "processor_config.json sets only the constructor's fields): 36-38 s a picture here, ~6 min a "
-                     "matrix case; no recipe yet",
     # Text by diffusion: no token-by-token generation for a batch or a stream to reproduce.
     "diffusion_gemma": "generates text by diffusion, not one token a step: nothing this server runs",
 }
@@ -104,6 +84,26 @@ FULL_TOWERS = {
                "filters, some 80 blocks, a 2048-wide fusion adapter; 294.1M parameters, 1.2 GB in float32): ~4 s a "
                "picture here at its smallest (256 pixels), ~1 min a case; checked when asked (ZOO_FULL_TOWERS=1, as "
                "make families-doc runs, or FAMILIES=gemma3n), not in make test",
+    # DeepSeek-OCR's SAM tower is built from SAMViTConfig()'s defaults whatever the config says (ViT-B: 12 layers of
+    # width 768, 95.6M parameters with its neck), and its processors pad every picture's global view to base_size
+    # 1024 pixels (a call argument every caller leaves at its default; no processor file sets it): 4096 patches
+    # through it, 36-38 s a picture in float32. A case encodes some 13 pictures (the oracle's 2, LoadModel's check,
+    # then alone, two at once, stream, repeat): 8.6 min for deepseekocr, 9.2 min for unlimited_ocr.
+    "deepseekocr": "its SAM tower is fixed in mlx-vlm's code at ViT-B size (SAMViTConfig() defaults, not the "
+                   "config's: 95.6M parameters) and its processor pads every picture to 1024 pixels (4096 patches): "
+                   "~37 s a picture here, ~9 min a case; checked when asked (ZOO_FULL_TOWERS=1, as make "
+                   "families-doc runs, or FAMILIES=deepseekocr), not in make test",
+    # DeepSeek-OCR 2's processor also cuts every picture into 768-pixel crops by its aspect ratio, one at least and up
+    # to six (the test's 4:3 and 3:4 pictures: six), each through SAM and its 24-layer Qwen2 encoder (its config's
+    # from_dict fixes the layers; ~360M parameters): 385 s for the oracle's two pictures, 22 min a case.
+    "deepseekocr_2": "DeepSeek-OCR's SAM ViT-B tower (96M parameters) and a Qwen2 encoder fixed at 24 layers of "
+                     "width 896 (~360M), both in mlx-vlm's code, over the 1024-pixel global view and up to six "
+                     "768-pixel crops a picture: ~190 s a picture here, ~22 min a case; checked when asked "
+                     "(ZOO_FULL_TOWERS=1, as make families-doc runs, or FAMILIES=deepseekocr_2), not in make test",
+    "unlimited_ocr": "DeepSeek-OCR's towers and processor: its SAM tower is fixed in mlx-vlm's code at ViT-B size "
+                     "(95.6M parameters) and every picture is padded to 1024 pixels: ~37 s a picture here, ~9 min a "
+                     "case; checked when asked (ZOO_FULL_TOWERS=1, as make families-doc runs, or "
+                     "FAMILIES=unlimited_ocr), not in make test",
 }
 
 

@@ -4,6 +4,7 @@ weights), everything else tiny.
 
 from zoo.recipes.base import Recipe, _add, _turns
 from zoo.recipes.single_run import LLAVA_TEMPLATE
+from zoo.recipes.tiled import DEEPSEEK_SPECIALS, DEEPSEEK_TEMPLATE
 from zoo.vision_shrink import WIDTH, shrink
 
 
@@ -89,3 +90,41 @@ _add("gemma3n", Recipe(
         "size": {"height": 256, "width": 256}, "do_resize": True, "do_rescale": True, "do_normalize": False,
         "do_convert_rgb": True, "resample": 2},
         "processor_config.json": {"processor_class": "Gemma3nProcessor", "image_seq_length": 256}}))
+
+
+# ---- The DeepSeek-OCR families: a SAM ViT-B tower built from SAMViTConfig()'s defaults, not the config (12 layers of
+# width 768; 95.6M parameters), whose processor pads each picture's global view to 1024 pixels (base_size, a call
+# argument left at its default by every caller): 64x64 patches, 16x16 after its neck. A linear projector takes what
+# the towers make into a tiny DeepSeek-V2 text model. ~37 s a picture here in float32 with OpenBLAS.
+# - DeepSeek-OCR (deepseekocr): SAM's neck goes out to 1024 channels, the patch embeddings of a CLIP part, whose width
+#   stays 1024 (one layer here; patch size 14 at its fixed 224 pixels gives the 16x16 positions); the projector takes
+#   both parts' 2048 channels. A picture of at most 640 pixels a side is the global view alone: 273 image tokens (16
+#   rows of 16 and a newline, the view separator).
+# - DeepSeek-OCR 2 (deepseekocr_2): SAM's neck goes out to 896 channels into a Qwen2 decoder used as an encoder, whose
+#   size its config's from_dict fixes (24 layers of width 896, ~360M parameters) but for its width, which must be
+#   SAM's 896. Its processor also cuts the picture into 768-pixel crops by its aspect ratio (at least one).
+# - Unlimited-OCR (model_type unlimited-ocr, mlx-vlm's unlimited_ocr): DeepSeek-OCR's towers and processor over a
+#   DeepSeek-V2 text model whose every layer keeps a ring of the last sliding_window positions (RingSlidingKVCache):
+#   a window of 64 here, shorter than a prompt with a picture.
+
+def _ocr(model_type: str, vision: dict, projected: int, **text) -> Recipe:
+    def config(m, ids, vocab):
+        return {"model_type": model_type,
+                "text_config": shrink(m.TextConfig, model_type="deepseek_v2", vocab_size=vocab, **text),
+                "vision_config": vision,
+                "projector_config": {"projector_type": "linear", "input_dim": projected, "n_embed": WIDTH},
+                "image_token_index": ids["<image>"], "pad_id": ids["<｜▁pad▁｜>"], "vocab_size": vocab,
+                "eos_token_id": [ids["<｜end▁of▁sentence｜>"]]}
+
+    return Recipe(specials=DEEPSEEK_SPECIALS, eos="<｜end▁of▁sentence｜>", template=DEEPSEEK_TEMPLATE, config=config,
+                  named={"bos_token": "<｜begin▁of▁sentence｜>"},
+                  files={"processor_config.json": {"candidate_resolutions": [[1024, 1024]], "patch_size": 16,
+                                                   "downsample_ratio": 4, "image_token": "<image>",
+                                                   "pad_token": "<｜▁pad▁｜>"}})
+
+
+_OCR_CLIP = {"model_type": "vision", "layers": 1, "width": 1024, "hidden_size": 1024, "intermediate_size": 64,
+             "num_attention_heads": 2, "patch_size": 14}
+_add("deepseekocr", _ocr("deepseekocr", _OCR_CLIP, 2048))
+_add("deepseekocr_2", _ocr("deepseekocr_2", {"model_type": "vision", "width": {"qwen2-0-5b": {"dim": 896}}}, 896))
+_add("unlimited_ocr", _ocr("unlimited-ocr", _OCR_CLIP, 2048, sliding_window=64, sliding_window_size=64))
