@@ -181,6 +181,8 @@ def _recipe_name(family: str, config: dict, recipe: Recipe) -> str:
                              sort_keys=True)
     if recipe.scaled:  # only then: the other families' folders keep their names
         recipe_text += json.dumps(recipe.scaled, sort_keys=True)
+    if recipe.packed is not None:  # the code that makes its packed weights: a change to it builds anew
+        recipe_text += inspect.getsource(recipe.packed)
     return f"{family}-{hashlib.sha256(recipe_text.encode()).hexdigest()[:10]}"
 
 
