@@ -74,37 +74,35 @@ NOT_BUILT = {
 FULL_TOWERS = {
     # Both crops of a picture (its one 336-pixel tile and the global view) through the tower: 17.7-18.0 s in float32,
     # 213-219 s in bfloat16; a case encodes some 10 pictures (the oracle's 2, then alone, two at once, stream, repeat).
-    "phi3_v": "its CLIP ViT-L/14 tower is fixed in mlx-vlm's code (24 layers, 1024 wide, 303.5M parameters, 1.2 GB "
-              "in float32): ~18 s a picture here, some 10 pictures a case; checked when asked (ZOO_FULL_TOWERS=1, "
-              "as make families-doc runs, or FAMILIES=phi3_v), not in make test",
+    "phi3_v": "its CLIP ViT-L/14 tower is fixed in mlx-vlm's code (24 layers, 1024 wide, 303.5M parameters, 1.2 "
+              "GB in float32): ~18 s a picture here, some 10 pictures a case",
     # 294.1M parameters (a folder of 1.2 GB in float32); the smallest picture it takes is 256 pixels (stage 3 at
     # 16x16, the fusion adapter's output; at 64 its resize branch fails: rms_norm2d "[broadcast_shapes] Shapes
     # (1,16,2048,16) and (1,2048,1,1)"); one forward at 256 pixels: 3.5-4.1 s in float32; a case ~1 min.
-    "gemma3n": "its MobileNet-V5 tower is fixed in mlx-vlm's code (gemma3n_mobilenet_def: 4 stages of 128 to 1280 "
-               "filters, some 80 blocks, a 2048-wide fusion adapter; 294.1M parameters, 1.2 GB in float32): ~4 s a "
-               "picture here at its smallest (256 pixels), ~1 min a case; checked when asked (ZOO_FULL_TOWERS=1, as "
-               "make families-doc runs, or FAMILIES=gemma3n), not in make test",
+    "gemma3n": "its MobileNet-V5 tower is fixed in mlx-vlm's code (gemma3n_mobilenet_def: 4 stages of 128 to 1280"
+               " filters, some 80 blocks, a 2048-wide fusion adapter; 294.1M parameters, 1.2 GB in float32): ~4 s"
+               " a picture here at its smallest (256 pixels), ~1 min a case",
     # DeepSeek-OCR's SAM tower is built from SAMViTConfig()'s defaults whatever the config says (ViT-B: 12 layers of
     # width 768, 95.6M parameters with its neck), and its processors pad every picture's global view to base_size
     # 1024 pixels (a call argument every caller leaves at its default; no processor file sets it): 4096 patches
     # through it, 36-38 s a picture in float32. A case encodes some 13 pictures (the oracle's 2, LoadModel's check,
     # then alone, two at once, stream, repeat): 8.6 min for deepseekocr, 9.2 min for unlimited_ocr.
     "deepseekocr": "its SAM tower is fixed in mlx-vlm's code at ViT-B size (SAMViTConfig() defaults, not the "
-                   "config's: 95.6M parameters) and its processor pads every picture to 1024 pixels (4096 patches): "
-                   "~37 s a picture here, ~9 min a case; checked when asked (ZOO_FULL_TOWERS=1, as make "
-                   "families-doc runs, or FAMILIES=deepseekocr), not in make test",
+                   "config's: 95.6M parameters) and its processor pads every picture to 1024 pixels (4096 "
+                   "patches): ~37 s a picture here, ~9 min a case",
     # DeepSeek-OCR 2's processor also cuts every picture into 768-pixel crops by its aspect ratio, one at least and up
     # to six (the test's 4:3 and 3:4 pictures: six), each through SAM and its 24-layer Qwen2 encoder (its config's
     # from_dict fixes the layers; ~360M parameters): 385 s for the oracle's two pictures, 22 min a case.
     "deepseekocr_2": "DeepSeek-OCR's SAM ViT-B tower (96M parameters) and a Qwen2 encoder fixed at 24 layers of "
                      "width 896 (~360M), both in mlx-vlm's code, over the 1024-pixel global view and up to six "
-                     "768-pixel crops a picture: ~190 s a picture here, ~22 min a case; checked when asked "
-                     "(ZOO_FULL_TOWERS=1, as make families-doc runs, or FAMILIES=deepseekocr_2), not in make test",
-    "unlimited_ocr": "DeepSeek-OCR's towers and processor: its SAM tower is fixed in mlx-vlm's code at ViT-B size "
-                     "(95.6M parameters) and every picture is padded to 1024 pixels: ~37 s a picture here, ~9 min a "
-                     "case; checked when asked (ZOO_FULL_TOWERS=1, as make families-doc runs, or "
-                     "FAMILIES=unlimited_ocr), not in make test",
+                     "768-pixel crops a picture: ~190 s a picture here, ~22 min a case",
+    "unlimited_ocr": "DeepSeek-OCR's towers and processor: its SAM tower is fixed in mlx-vlm's code at ViT-B size"
+                     " (95.6M parameters) and every picture is padded to 1024 pixels: ~37 s a picture here, ~9 "
+                     "min a case",
 }
+# Each says how to have it checked.
+FULL_TOWERS = {family: f"{why}; checked when asked (ZOO_FULL_TOWERS=1, as make families-doc runs, or "
+                       f"FAMILIES={family}), not in make test" for family, why in FULL_TOWERS.items()}
 
 
 # Families the installed library cannot run here: what is missing.
