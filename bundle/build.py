@@ -3,13 +3,15 @@
 
     python bundle/build.py [--out dist] [--name NAME] [--image PREFIX] [--version latest]
                            [--python-dist python-build-standalone.tar.gz] [--force]
+                           [--layer-cache DIR]
 
 The tree holds `run.sh` at its top, the backend and common code with the generated stubs,
 and `python/`: an interpreter of its own with the runtime packages only (pip, the test
 packages and the gRPC code generator are not in it). The tar is the same tree as a
 docker-archive image, what `local-ai backends install ocifile://...` reads, and index.yaml
 beside them is a backend gallery for it. A second run with the same sources, packages and
-interpreter reuses the first one's output (the key is in dist/<name>.key).
+interpreter reuses the first one's output (the key is in dist/<name>.key); one with other
+sources only reuses the interpreter with its packages (layer_cache.py, --layer-cache).
 """
 
 import argparse
@@ -30,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import docker_archive  # noqa: E402
 import gallery  # noqa: E402
 import interpreter  # noqa: E402
+import layer_cache as layer_cache_module  # noqa: E402
 import precompile  # noqa: E402
 import relocate  # noqa: E402
 
@@ -140,7 +143,8 @@ def size_of(path: Path) -> int:
     return sum((Path(d) / f).lstat().st_size for d, _, names in os.walk(path) for f in names)
 
 
-def build(out: Path, name: str, image: str, version: str, python_dist: str, force: bool) -> Path:
+def build(out: Path, name: str, image: str, version: str, python_dist: str, force: bool,
+          layer_cache: str = "") -> Path:
     missing = [s for s in STUBS if not (REPO / s).exists()]
     if missing:
         raise SystemExit(f"{', '.join(missing)} missing: run `make install` first (it generates the gRPC stubs)")
@@ -151,9 +155,11 @@ def build(out: Path, name: str, image: str, version: str, python_dist: str, forc
     gallery.check_image(image)
     specs, constraints, files = install_specs(), tested_versions(), source_files()
     dist_id = hashlib.sha256(Path(python_dist).read_bytes()).hexdigest() if python_dist else sys.version
-    key = build_key([name, image, version, flavour, *specs.values(), dist_id, sys.base_prefix, constraints],
-                    files + ["requirements.txt", "install.sh", *(f"bundle/{f}" for f in sorted(
-                        os.listdir(REPO / "bundle")) if f.endswith((".py", ".sh")))])
+    interpreter_parts = [flavour, *specs.values(), dist_id, sys.base_prefix, constraints]
+    build_files = ["requirements.txt", "install.sh", *(f"bundle/{f}" for f in sorted(
+        os.listdir(REPO / "bundle")) if f.endswith((".py", ".sh")))]
+    key = build_key([name, image, version, *interpreter_parts], files + build_files)
+    layer_key = build_key(interpreter_parts, build_files)
     out.mkdir(parents=True, exist_ok=True)
     tree, tar, stamp = out / name, out / f"{name}.tar", out / f"{name}.key"
     with open(out / ".lock", "w") as lock:
@@ -165,7 +171,7 @@ def build(out: Path, name: str, image: str, version: str, python_dist: str, forc
             stamp.unlink(missing_ok=True)
             staging = (out / f".{name}.building").resolve()
             shutil.rmtree(staging, ignore_errors=True)
-            lay_out_tree(staging, specs, constraints, files, python_dist)
+            lay_out_tree(staging, specs, constraints, files, python_dist, layer_cache, layer_key)
             shutil.rmtree(tree, ignore_errors=True)
             os.replace(staging, tree)
             with step("docker-archive written"):
@@ -177,26 +183,39 @@ def build(out: Path, name: str, image: str, version: str, python_dist: str, forc
     return tree
 
 
-def lay_out_tree(staging: Path, specs: dict, constraints: str, files: list, python_dist: str) -> None:
+def lay_out_tree(staging: Path, specs: dict, constraints: str, files: list, python_dist: str,
+                 layer_cache: str, layer_key: str) -> None:
     log.info("laying out %s (interpreter: %s)", staging, python_dist or f"this machine's {sys.base_prefix}")
-    with step("interpreter laid out"):
-        python = interpreter.lay_out(staging / "python", python_dist)
-    constraints_file = staging.with_name(staging.name + ".constraints.txt")
-    constraints_file.write_text(constraints)
-    try:
-        with step("packages installed"):
-            install_packages(python, specs, constraints_file)
-    finally:
-        constraints_file.unlink()
-    interpreter.prune(staging / "python")
-    relocate.rewrite_shebangs(staging / "python" / "bin", str(staging))
+    forbidden = [str(staging), "" if python_dist else sys.base_prefix]
+
+    def interpreter_layer(dest: Path) -> None:
+        with step("interpreter laid out"):
+            python = interpreter.lay_out(dest, python_dist)
+        constraints_file = staging.with_name(staging.name + ".constraints.txt")
+        constraints_file.write_text(constraints)
+        try:
+            with step("packages installed"):
+                install_packages(python, specs, constraints_file)
+        finally:
+            constraints_file.unlink()
+        interpreter.prune(dest)
+        relocate.rewrite_shebangs(dest / "bin", str(staging))
+        found = relocate.problems(dest, forbidden)  # before the layer is stored for later builds
+        if found:
+            raise SystemExit("the interpreter would not survive a move:\n  " + "\n  ".join(found[:20]))
+
+    with step("interpreter and packages ready"):
+        if layer_cache_module.provide(layer_cache, layer_key, staging / "python", interpreter_layer):
+            log.info("interpreter and packages copied from %s (same packages, interpreter and build scripts)",
+                     layer_cache)
+    python = staging / "python" / "bin" / "python3"
     copy_sources(files, staging)
     with step("byte-code of what the server imports written"):
         failed = precompile.warm(python, staging, [staging / f for f in files if f.endswith(".py")],
                                  interpreter.python_env())
     if failed:
         log.info("not importable at build time (compiled when first used): %s", ", ".join(failed))
-    found = relocate.problems(staging, [str(staging), "" if python_dist else sys.base_prefix])
+    found = relocate.problems(staging, forbidden)
     if found:
         raise SystemExit("the tree would not survive a move:\n  " + "\n  ".join(found[:20]))
 
@@ -211,8 +230,12 @@ def main(argv=None) -> None:
     parser.add_argument("--python-dist", default=os.environ.get("PYTHON_DIST", ""),
                         help="a python-build-standalone install_only .tar.gz (default: copy this interpreter)")
     parser.add_argument("--force", action="store_true", help="rebuild even when the output is up to date")
+    parser.add_argument("--layer-cache", default=layer_cache_module.default_root(),
+                        help="where the interpreter with its packages is kept between builds "
+                             "(default: %(default)s; '' keeps none)")
     args = parser.parse_args(argv)
-    tree = build(Path(args.out), args.name, args.image, args.version, args.python_dist, args.force)
+    tree = build(Path(args.out), args.name, args.image, args.version, args.python_dist, args.force,
+                 args.layer_cache)
     sys.stdout.write(f"{tree.resolve()}\n")  # the one line of output: where the tree is
 
 

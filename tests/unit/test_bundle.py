@@ -1,5 +1,6 @@
 """`make package`'s parts that need no build: the gallery against LocalAI's platform filter,
-the relocation of scripts and of the interpreter's library path, the docker-archive layout."""
+the relocation of scripts and of the interpreter's library path, the docker-archive layout,
+the interpreter layer kept between builds."""
 
 import hashlib
 import io
@@ -21,6 +22,7 @@ sys.path.insert(0, os.path.join(REPO, "bundle"))
 import docker_archive  # noqa: E402
 import elf  # noqa: E402
 import gallery  # noqa: E402
+import layer_cache  # noqa: E402
 import precompile  # noqa: E402
 import relocate  # noqa: E402
 
@@ -163,3 +165,80 @@ def test_every_absolute_import_is_warmed_with_the_names_it_takes(tmp_path):
     assert precompile.imports_of([tmp_path / "a.py", tmp_path / "b.py"]) == [
         ("json", []), ("mlx_vlm.utils", ["load", "prepare_inputs"]), ("os", []),
         ("transformers", ["AutoTokenizer", "PreTrainedTokenizerFast"])]
+
+
+# ---- the interpreter layer kept between builds -----------------------------------------
+
+
+class Maker:
+    """A stand-in for laying out the interpreter: a small tree, and how often it was made."""
+
+    def __init__(self, text=b"print(1)\n"):
+        self.calls, self.text = 0, text
+
+    def __call__(self, dest: Path) -> None:
+        self.calls += 1
+        (dest / "bin").mkdir(parents=True)
+        (dest / "bin" / "python3.11").write_bytes(self.text)
+        (dest / "bin" / "python3.11").chmod(0o755)
+        os.symlink("python3.11", dest / "bin" / "python3")
+        (dest / "lib").mkdir(mode=0o750)
+        (dest / "lib" / "empty").write_bytes(b"")
+
+
+def listing_of(root: Path) -> list:
+    """Written differently from the module's manifest: (path, mode, bytes or link text)."""
+    return sorted((p.relative_to(root).as_posix(), p.lstat().st_mode,
+                   os.readlink(p) if p.is_symlink() else (p.read_bytes() if p.is_file() else None))
+                  for p in root.rglob("*"))
+
+
+def test_a_layer_is_made_once_per_key_and_copied_whole(tmp_path):
+    cache, make = tmp_path / "cache", Maker()
+    assert not layer_cache.provide(str(cache), "k1", tmp_path / "one", make)
+    assert layer_cache.provide(str(cache), "k1", tmp_path / "two", make)
+    assert make.calls == 1 and listing_of(tmp_path / "two") == listing_of(tmp_path / "one")
+    assert (cache.stat().st_mode & 0o777) == 0o700
+    # Another key (new packages) is made anew, and the older layer goes.
+    other = Maker(b"print(2)\n")
+    assert not layer_cache.provide(str(cache), "k2", tmp_path / "three", other)
+    assert other.calls == 1 and (tmp_path / "three" / "bin" / "python3.11").read_bytes() == b"print(2)\n"
+    assert sorted(p.name for p in cache.iterdir() if p.name != ".lock") == ["python-k2"]
+
+
+@pytest.mark.parametrize("damage", ["changed", "added", "removed", "relinked", "no manifest"])
+def test_a_damaged_layer_is_never_taken(tmp_path, damage):
+    cache, make = tmp_path / "cache", Maker()
+    layer_cache.provide(str(cache), "k", tmp_path / "one", make)
+    stored = cache / "python-k"
+    if damage == "changed":  # same size, other bytes
+        (stored / "layer" / "bin" / "python3.11").write_bytes(b"print(7)\n")
+    elif damage == "added":
+        (stored / "layer" / "lib" / "extra.pth").write_text("import evil\n")
+    elif damage == "removed":
+        (stored / "layer" / "lib" / "empty").unlink()
+    elif damage == "relinked":
+        (stored / "layer" / "bin" / "python3").unlink()
+        os.symlink("/usr/bin/python3", stored / "layer" / "bin" / "python3")
+    else:
+        (stored / "manifest.json").unlink()
+    assert not layer_cache.provide(str(cache), "k", tmp_path / "two", make)
+    assert make.calls == 2 and listing_of(tmp_path / "two") == listing_of(tmp_path / "one")
+    assert layer_cache.provide(str(cache), "k", tmp_path / "three", make)  # stored anew, whole
+    assert listing_of(tmp_path / "three") == listing_of(tmp_path / "one")
+
+
+def test_a_torn_store_and_a_shared_folder_are_not_used(tmp_path):
+    cache, make = tmp_path / "cache", Maker()
+    cache.mkdir(mode=0o700)
+    (cache / ".partial-x").mkdir()  # a build that died while storing
+    (cache / ".partial-x" / "layer").mkdir()
+    assert not layer_cache.provide(str(cache), "k", tmp_path / "one", make)
+    assert not (cache / ".partial-x").exists()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    assert not layer_cache.provide(str(shared), "k", tmp_path / "two", make)
+    assert not layer_cache.provide(str(shared), "k", tmp_path / "three", make)
+    assert make.calls == 3 and os.listdir(shared) == []
+    assert not layer_cache.provide("", "k", tmp_path / "four", make) and make.calls == 4
