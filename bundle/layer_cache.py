@@ -75,15 +75,16 @@ def _private(root: Path) -> bool:
 
 def _take(stored: Path, dest: Path) -> bool:
     """Copy the stored layer into `dest`; False (and `dest` and the stored layer gone) when the
-    copy does not match its manifest."""
+    copy does not match its manifest. A copy that fails (a full disk) fails the build."""
     try:
         recorded = json.loads((stored / "manifest.json").read_text())
+    except (OSError, ValueError) as e:
+        recorded, why = None, f"its manifest: {type(e).__name__}: {e}"
+    if recorded is not None:
         shutil.copytree(stored / "layer", dest, symlinks=True)
         if manifest(dest) == recorded:
             return True
         why = "its files differ from its manifest"
-    except (OSError, ValueError) as e:
-        why = f"{type(e).__name__}: {e}"
     log.warning("the stored layer %s is damaged (%s): made anew", stored.name, why)
     shutil.rmtree(dest, ignore_errors=True)
     shutil.rmtree(stored, ignore_errors=True)
