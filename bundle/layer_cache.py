@@ -64,7 +64,10 @@ def manifest(root: Path) -> list:
 
 
 def _private(root: Path) -> bool:
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for folder in reversed([root, *root.parents]):  # the missing parents too, as the backend makes them
+        if not folder.exists():
+            folder.mkdir(mode=0o700)
+            folder.chmod(0o700)  # whatever the umask
     st = root.stat()
     if st.st_uid != os.getuid() or st.st_mode & 0o022:
         log.warning("%s is not this user's alone (owner %d, mode %o): no layer is kept or taken from it",
