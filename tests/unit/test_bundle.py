@@ -242,3 +242,17 @@ def test_a_torn_store_and_a_shared_folder_are_not_used(tmp_path):
     assert not layer_cache.provide(str(shared), "k", tmp_path / "three", make)
     assert make.calls == 3 and os.listdir(shared) == []
     assert not layer_cache.provide("", "k", tmp_path / "four", make) and make.calls == 4
+
+
+def test_a_copy_that_fails_fails_the_build_and_keeps_the_stored_layer(tmp_path, monkeypatch):
+    cache, make = tmp_path / "cache", Maker()
+    layer_cache.provide(str(cache), "k", tmp_path / "one", make)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(layer_cache.shutil, "copytree", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        layer_cache.provide(str(cache), "k", tmp_path / "two", make)
+    monkeypatch.undo()
+    assert layer_cache.provide(str(cache), "k", tmp_path / "three", make) and make.calls == 1
