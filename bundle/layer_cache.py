@@ -22,9 +22,14 @@ import logging
 import os
 import shutil
 import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "backend"))
+
+from loaders.private_files import private_dir  # noqa: E402  (the backend's own rule for its caches)
 
 log = logging.getLogger("bundle")
 
@@ -64,15 +69,16 @@ def manifest(root: Path) -> list:
 
 
 def _private(root: Path) -> bool:
-    for folder in reversed([root, *root.parents]):  # the missing parents too, as the backend makes them
-        if not folder.exists():
-            folder.mkdir(mode=0o700)
-            folder.chmod(0o700)  # whatever the umask
-    st = root.stat()
-    if st.st_uid != os.getuid() or st.st_mode & 0o022:
-        log.warning("%s is not this user's alone (owner %d, mode %o): no layer is kept or taken from it",
-                    root, st.st_uid, stat.S_IMODE(st.st_mode))
-        return False
+    """`root` made as the backend makes its cache folders (0700, missing parents too); False for
+    one another user owns or others could write to. Unlike the backend's caches, such a folder
+    is not tightened and used: what it holds may already have been changed."""
+    if os.path.lexists(root):
+        st = root.stat()
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            log.warning("%s is not this user's alone (owner %d, mode %o): no layer is kept or taken from it",
+                        root, st.st_uid, stat.S_IMODE(st.st_mode))
+            return False
+    private_dir(root)
     return True
 
 
