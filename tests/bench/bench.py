@@ -33,6 +33,7 @@ How it is like for like:
 """
 
 import argparse
+import asyncio
 import itertools
 import json
 import os
@@ -209,15 +210,12 @@ class StreamReader:
     figures would pay for, and a host does not take."""
 
     def __init__(self, addr: str):
-        import asyncio
-
         import grpc
 
-        from common.launcher import backend_pb2_grpc
+        from common.launcher import _Bearer, backend_pb2_grpc
 
-        self.asyncio = asyncio
         token = os.environ.get("LOCALAI_GRPC_AUTH_TOKEN", "")
-        self.metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self.metadata = (_Bearer(token).header,) if token else None
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="stream-reader", daemon=True).start()
 
@@ -228,7 +226,7 @@ class StreamReader:
         self._run(connect())
 
     def _run(self, coroutine):
-        return self.asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
 
     def streams(self, pb, texts, n) -> tuple:
         """(wall seconds from the first send to the last reply, tokens generated) of `texts` at once."""
@@ -241,7 +239,7 @@ class StreamReader:
 
         async def together():
             t0 = time.perf_counter()
-            tokens = await self.asyncio.gather(*(one(t) for t in texts))
+            tokens = await asyncio.gather(*(one(t) for t in texts))
             return time.perf_counter() - t0, sum(tokens)
 
         return self._run(together())
