@@ -446,6 +446,9 @@ ROWS = [  # key, label, target
 
 
 def quantile(samples, q: float) -> float:
+    """The sample at rank int(n * q): (e)'s p50 and p99 as every earlier run of this bench took
+    them, so its figures stay comparable (peer_report.percentile interpolates, as numpy does).
+    The summary's (e) "ratio median" is of these quantiles over all samples of a side."""
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
