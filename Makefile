@@ -79,10 +79,11 @@ localai-backend: install
 	$(PY) backend/localai_backend.py "$(DEST)" --name "$(NAME)" $(if $(ALIAS),--alias "$(ALIAS)")
 
 # The LocalAI artifact (docs/localai.md): dist/<name>/ and dist/<name>.tar with a Python of its
-# own, and dist/index.yaml, a backend gallery whose entries point at PACKAGE_IMAGE:PACKAGE_TAG-<platform>.
+# own, and dist/index.yaml, a backend gallery: of this machine (its entry the tar, ocifile://) or, with
+# PACKAGE_IMAGE (quay.io/, ghcr.io/, docker.io/ or oci://<registry>/...), of PACKAGE_IMAGE:PACKAGE_TAG-<platform>.
 # PYTHON_DIST=<python-build-standalone install_only .tar.gz> bundles that interpreter instead
 # of a copy of this machine's; PACKAGE_NAME overrides the platform's entry name (cpu-mx-backend).
-PACKAGE_IMAGE ?= localhost:5000/mx-backend
+PACKAGE_IMAGE ?=
 PACKAGE_TAG ?= latest
 package: install
 	$(PY) bundle/build.py --image "$(PACKAGE_IMAGE)" --version "$(PACKAGE_TAG)" $(if $(PACKAGE_NAME),--name "$(PACKAGE_NAME)") \

@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import store
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -42,7 +44,7 @@ def layout(dest: str, name: str = "mlx", alias: str = "") -> Path:
         f"# LocalAI backend {name!r}: the MLX backend checked out at {REPO}.\n"
         f"exec {shlex.quote(str(REPO / 'backend' / 'run.sh'))} \"$@\"\n")
     tmp.chmod(0o755)
-    os.replace(tmp, run)  # atomic, so a LocalAI starting it meanwhile sees one whole file
+    store.publish(tmp, run)  # a LocalAI starting it meanwhile sees one whole file
     meta = {"name": name, "version": version()}
     if alias:
         meta["alias"] = alias

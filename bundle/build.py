@@ -35,6 +35,7 @@ import interpreter  # noqa: E402
 import layer_cache as layer_cache_module  # noqa: E402
 import precompile  # noqa: E402
 import relocate  # noqa: E402
+import store  # noqa: E402  (the backend's, on the path through layer_cache)
 
 log = logging.getLogger("bundle")
 
@@ -172,12 +173,11 @@ def build(out: Path, name: str, image: str, version: str, python_dist: str, forc
             staging = (out / f".{name}.building").resolve()
             shutil.rmtree(staging, ignore_errors=True)
             lay_out_tree(staging, specs, constraints, files, python_dist, layer_cache, layer_key)
-            shutil.rmtree(tree, ignore_errors=True)
-            os.replace(staging, tree)
+            store.publish(staging, tree)
             with step("docker-archive written"):
-                docker_archive.write(tree, tar, repo_tag=gallery.image_uri(image, version, gallery.FLAVOURS[flavour]))
+                docker_archive.write(tree, tar, repo_tag=gallery.archive_tag(image, version, gallery.FLAVOURS[flavour]))
             stamp.write_text(key)
-        gallery.write(out / "index.yaml", image, version, [flavour])
+        gallery.write(out / "index.yaml", image, version, [flavour], tar.resolve())
     log.info("%s: %s/ %.0f MB, %s %.0f MB, gallery %s", name, tree, size_of(tree) / 1e6, tar,
              size_of(tar) / 1e6, out / "index.yaml")
     return tree
@@ -225,7 +225,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "dist"), help="output folder (default: dist)")
     parser.add_argument("--name", default="", help="the backend's name (default: this platform's gallery entry)")
-    parser.add_argument("--image", default="localhost:5000/mx-backend", help="image uri prefix in the gallery")
+    parser.add_argument("--image", default="", help="the registry's image prefix in the gallery (quay.io/, ghcr.io/, "
+                        "docker.io/ or oci://...; default: none, the gallery installs the tar built here, ocifile://)")
     parser.add_argument("--version", default="latest", help="image tag prefix and gallery version")
     parser.add_argument("--python-dist", default=os.environ.get("PYTHON_DIST", ""),
                         help="a python-build-standalone install_only .tar.gz (default: copy this interpreter)")

@@ -14,8 +14,13 @@ import io
 import json
 import os
 import platform
+import sys
 import tarfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "backend"))
+
+import store  # noqa: E402  (puts the archive in place whole)
 
 ARCHITECTURES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 BLOCK = tarfile.BLOCKSIZE
@@ -87,5 +92,5 @@ def write(folder: Path, out: Path, repo_tag: str = "", os_name: str = "") -> int
         f.write(b"\0" * (2 * BLOCK))  # end of archive
         f.seek(0)
         f.write(_header(layer_name, size))
-    os.replace(partial, out)  # whole or not at all: a LocalAI reading it never sees half
+    store.publish(partial, out)  # whole or not at all: a LocalAI reading it never sees half
     return out.stat().st_size

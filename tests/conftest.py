@@ -19,25 +19,43 @@ sys.path[:0] = [os.path.join(REPO, "backend"), REPO, os.path.dirname(os.path.abs
 from common.launcher import Backend  # noqa: E402
 from common.openblas import preload_env  # noqa: E402
 
-# The prefix cache's disk tier is on by default: every server this run starts keeps its
-# prompt caches in this run's own folder, never in the user's (an earlier run's files would
-# make a cold request warm), and the folder goes with the run.
-# Each server gets a folder of its own under it (unless its test names one): a server sharing
-# another's files would serve a request warm that the test means as cold, depending on the order
-# the tests ran in (a reversed run found one).
-_PROMPT_CACHE = tempfile.mkdtemp(prefix="mlx-backend-prompt-cache-")
-os.environ["MLX_BACKEND_PROMPT_CACHE_DIR"] = _PROMPT_CACHE
-atexit.register(shutil.rmtree, _PROMPT_CACHE, True)
+# Hermetic: a run never reads the user's cache (MLX_BACKEND_CACHE_DIR, store.py). What the
+# tests convert or keep in this process goes to this run's own store root, and every server a
+# test starts gets a store root of its own (unless its test names one: a test about sharing),
+# so no server reads another's prefix-cache files or lane verdicts: an earlier run's files
+# would make a cold request warm, or skip a lane check, depending on the order the tests ran
+# in. Each server's root is given hard links of the GGUF conversions this run has made (the
+# embedded model, converted once, ~4 s): a conversion is a deterministic function of its file,
+# verified at every load, and the store never writes a kept file in place.
+_RUN = tempfile.mkdtemp(prefix="mlx-backend-test-cache-")
+os.environ["MLX_BACKEND_CACHE_DIR"] = os.path.join(_RUN, "run")
+os.environ.pop("MLX_BACKEND_PROMPT_CACHE_DIR", None)
+atexit.register(shutil.rmtree, _RUN, True)
 _start = Backend.__init__
 
 
-def _own_prompt_cache(self, env=None, *args, **kwargs):
+def own_cache_root() -> str:
+    """A fresh store root, holding hard links of this run's GGUF conversions."""
+    from loaders.gguf_loader import gguf_to_mlx_dir
+    from loaders.model_loader import embedded_default
+
+    gguf_to_mlx_dir(embedded_default())  # once per run; then found
+    root = tempfile.mkdtemp(dir=_RUN, prefix="server-")
+    os.chmod(root, 0o700)
+    converted = os.path.join(os.environ["MLX_BACKEND_CACHE_DIR"], "gguf")
+    shutil.copytree(converted, os.path.join(root, "gguf"), copy_function=os.link,
+                    ignore=lambda folder, names: [n for n in names if n.startswith(".")] if folder == converted else [])
+    return root
+
+
+def _own_cache(self, env=None, *args, **kwargs):
     env = dict(env or {})
-    env.setdefault("MLX_BACKEND_PROMPT_CACHE_DIR", tempfile.mkdtemp(dir=_PROMPT_CACHE))
+    if "MLX_BACKEND_CACHE_DIR" not in env:
+        env["MLX_BACKEND_CACHE_DIR"] = own_cache_root()
     _start(self, env, *args, **kwargs)
 
 
-Backend.__init__ = _own_prompt_cache
+Backend.__init__ = _own_cache
 
 # Every run draws the same examples (a red run can be replayed as it was), and no example is
 # judged by wall time: this machine is shared, a slow example is not a failing one.
@@ -140,7 +158,7 @@ def pytest_configure(config):
         capture.suspend_global_capture(in_=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    shutil.rmtree(_PROMPT_CACHE, True)
+    shutil.rmtree(_RUN, True)
     os.execve(sys.executable, [sys.executable, "-m", "pytest", *config.invocation_params.args], env)
 
 

@@ -11,11 +11,12 @@ def short_copy(layers: int) -> str:
     """The embedded model with only its first `layers` layers: a cheap (poor) draft."""
     import mlx.core as mx
 
-    from loaders.gguf_loader import default_cache_dir, gguf_to_mlx_dir
+    from loaders.gguf_loader import gguf_to_mlx_dir
+    from models import models_root
     from loaders.model_loader import embedded_default
 
     src = gguf_to_mlx_dir(embedded_default())
-    target = default_cache_dir().parent / "models" / f"smollm2-{layers}-layers"
+    target = models_root() / f"smollm2-{layers}-layers"
     with building(target) as tmp:
         if not (target / "model.safetensors").exists():
             shutil.rmtree(tmp, ignore_errors=True)

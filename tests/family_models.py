@@ -56,9 +56,9 @@ def _tokenizer_source() -> Path:
 
 
 def _default_root() -> Path:
-    from loaders.gguf_loader import default_cache_dir
+    from models import models_root
 
-    return default_cache_dir().parent / "models" / "families"
+    return models_root() / "families"
 
 
 def config_of(family: str, vocab_size: int) -> dict:

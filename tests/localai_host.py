@@ -25,7 +25,13 @@ def _close_stdin() -> None:
 
 
 def start_like_localai(folder: Path, log_path: Path, env=None):
-    """(process, channel, stub) of `folder`'s run.sh started as LocalAI starts it."""
+    """(process, channel, stub) of `folder`'s run.sh started as LocalAI starts it (the test's
+    environment inherited, with a store root of its own unless `env` names one)."""
+    from conftest import own_cache_root
+
+    env = dict(os.environ if env is None else env)
+    if env.get("MLX_BACKEND_CACHE_DIR") in (None, os.environ.get("MLX_BACKEND_CACHE_DIR")):
+        env["MLX_BACKEND_CACHE_DIR"] = own_cache_root()  # not the run's own: a root of its own
     addr = f"127.0.0.1:{free_port()}"
     with open(log_path, "ab") as log:
         # executable "./run.sh" is resolved after the chdir into `folder`, as Go's StartProcess does.

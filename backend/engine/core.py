@@ -34,7 +34,7 @@ from engine.hooks import Hooks
 from engine.requests import (
     Cancel, EngineError, Event, Lost, Request, Sink, Stop, Submit, Swap, Trial, failure, hand_over, stopped)
 from engine.streams import Streams
-from loaders import checksums
+import store
 
 __all__ = ["Engine", "EngineConfig", "EngineError", "Event", "Request", "Stop"]
 
@@ -356,8 +356,8 @@ class Engine:
             "prompt_cache": batch.cache_bytes if batch is not None else 0,
             # Entries, hits (memory, disk), prompt tokens served from it, its files (prompt_store).
             **(batch.cache_figures() if batch is not None else {}),
-            # Damaged files of our caches found since the start: prefix-cache files, GGUF conversions.
-            **checksums.figures(),
+            # What the store went on without (faults per kind) and the damaged entries it found.
+            **store.figures(),
             # What one cached token costs (kv_cache: quantized or float16 when asked for).
             "kv_bytes_per_token": getattr(self.model, "kv_bytes_per_token", 0),
             "kv_bytes_per_token_float": getattr(self.model, "kv_bytes_per_token_float", 0),

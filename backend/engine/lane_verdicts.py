@@ -5,12 +5,12 @@ only on the model as loaded (prefix/cache_files.fingerprint: its files, config, 
 adapters, KV cache type and the libraries' versions), on how its batch runs (max_sequences,
 prefill_batch_size, prefill_step_size), on the device and the BLAS, and on this backend's own
 code (a digest of its source). Under that key the verdict is kept in the cache folder
-(MLX_BACKEND_CACHE_DIR/lanes, one small JSON file per key, written atomically, private and
-with the checksum of its verdict, as every cache file: loaders/private_files.py,
-loaders/checksums.py), so the next load of the same model skips the comparison; the one
-request through the chosen lane on the engine thread runs at every load. A file that cannot
-be read or written only means the check runs again; a damaged one (a verdict that would put
-a model in the wrong lane) is removed, counted in Status and the check runs again.
+(the store's `lanes/`, one small JSON file per key, kept as the store keeps everything: private,
+atomic, with its checksum: store.py), so the next load of the same model skips the comparison;
+the one request through the chosen lane on the engine thread runs at every load. A file that
+cannot be read or written only means the check runs again (a fault counted in Status); a
+damaged one (a verdict that would put a model in the wrong lane) is removed, counted in Status
+and the check runs again.
 Loading thread.
 """
 
@@ -18,13 +18,11 @@ import functools
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Optional
 
-from loaders import checksums
+import store
 from loaders.loaded import Lane
-from loaders.private_files import private_dir, private_file
 
 log = logging.getLogger("mlx-backend.engine")
 
@@ -43,12 +41,6 @@ def _code_digest() -> str:
     return digest.hexdigest()
 
 
-def _folder() -> Path:
-    from loaders.gguf_loader import default_cache_dir
-
-    return default_cache_dir().parent / "lanes"
-
-
 def key(lm, config) -> str:
     import mlx.core as mx
 
@@ -64,40 +56,20 @@ def _verdict(lane: Lane) -> dict:
     return {"solo": lane.solo, "prefill_alone": lane.prefill_alone, "reason": lane.reason}
 
 
-def _sum(verdict: dict) -> str:
-    return checksums.digest([json.dumps(verdict, sort_keys=True).encode()])
-
-
 def read(lm, config) -> Optional[Lane]:
     """The lane the check chose at an earlier load of this model, or None."""
-    path = _folder() / f"{key(lm, config)}.json"
+    kept = store.LANES.load(f"{key(lm, config)}.json")
+    if kept is None:
+        return None
     try:
-        kept = json.loads(path.read_text())
-        verdict = {k: kept[k] for k in ("solo", "prefill_alone", "reason")}
-        if kept.get("checksum") != _sum(verdict):
-            checksums.note_damaged(checksums.LANE_CACHE, path, "checksum mismatch", "removed; the check runs again")
-            path.unlink(missing_ok=True)
-            return None
+        verdict = json.loads(kept)
         return Lane(solo=bool(verdict["solo"]), prefill_alone=bool(verdict["prefill_alone"]),
                     reason=str(verdict["reason"]))
-    except FileNotFoundError:
-        return None
-    except Exception as e:  # unreadable or torn: the check runs again
+    except (ValueError, KeyError, TypeError) as e:  # a verdict of another version: checked again
         log.warning("lane: a kept verdict could not be read (%s: %s)", type(e).__name__, e)
         return None
 
 
 def write(lm, config, lane: Lane) -> None:
-    """Keep the check's verdict for the next load of this model."""
-    folder = _folder()
-    target = folder / f"{key(lm, config)}.json"
-    tmp = target.with_name(f".{target.name}.{os.getpid()}")
-    verdict = _verdict(lane)
-    try:
-        private_dir(folder)
-        tmp.write_text(json.dumps(dict(verdict, checksum=_sum(verdict))))
-        private_file(tmp)
-        os.replace(tmp, target)
-    except OSError as e:
-        log.warning("lane: the verdict could not be kept (%s)", e)
-        tmp.unlink(missing_ok=True)
+    """Keep the check's verdict for the next load of this model (a fault is a miss: store.py)."""
+    store.LANES.save(f"{key(lm, config)}.json", json.dumps(_verdict(lane)).encode())

@@ -12,6 +12,7 @@ import time
 from collections import deque
 from typing import Deque, Dict, List, Optional
 
+import store
 from common.mlx_utils import TextPipeline
 from engine import faults
 from engine.admission import Admission
@@ -168,7 +169,7 @@ class Streams:
             from engine.prefix import disk_tier
 
             budget = self.config.prompt_cache_disk_bytes
-            disk = disk_tier.default_disk_bytes(disk_tier.folder_root()) if budget is None else budget
+            disk = disk_tier.default_disk_bytes(store.PROMPTS.base()) if budget is None else budget
             batch = open_batch(self.model, self.config, self.stream, self.mx,
                                disk_bytes=disk if self.hooks.disk_tier else 0, speculate=self.hooks.speculate)
             self.batch = self.hooks.wrap(batch, self.config)

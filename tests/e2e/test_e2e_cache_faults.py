@@ -31,6 +31,7 @@ import pytest
 
 from common.launcher import START_S, Backend, backend_pb2
 from conftest import run_threads
+from disk_faults import fill
 from family_models import build
 from family_oracle import Oracle, agrees, job
 from gguf_fixture import write_tiny_gguf
@@ -80,8 +81,8 @@ def folders(tmp_path_factory):
     cache = base / "home" / "cache"  # neither exists: the backend makes both
     (base / "models").mkdir()
     models = {name: base / "models" / name for name in MODELS}
-    for link in models.values():
-        link.symlink_to(build("llama"))  # another path: another fingerprint, the same weights
+    for copy in models.values():  # another folder: another fingerprint, the same weights (hard links: no bytes)
+        shutil.copytree(build("llama"), copy, copy_function=os.link)
     return SimpleNamespace(base=base, cache=cache, prompts=prompts, models=models, env={
         "MLX_BACKEND_CACHE_DIR": str(cache), "MLX_BACKEND_PROMPT_CACHE_DIR": str(prompts)})
 
@@ -123,14 +124,7 @@ def full_disk(folders):
         yield None
         return
     try:
-        fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            while os.write(fd, b"\0" * 4096):
-                pass
-        except OSError:  # full
-            pass
-        finally:
-            os.close(fd)
+        fill(mount)
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
@@ -348,7 +342,7 @@ def test_a_full_disk_fails_the_writes_and_serves_every_prompt(damaged, oracle):
     while list(damaged.full.iterdir()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert list(damaged.full.iterdir()) == []  # nothing written, nothing half-written left
-    assert any("disk write to" in line and "failed" in line for line in open(damaged.log))
+    assert any("writing an entry into" in line and "failed" in line for line in open(damaged.log))
 
 
 def _wait_for(folder: Path, tokens, timeout: float = 60.0) -> Path:

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -25,6 +26,7 @@ import gallery  # noqa: E402
 import layer_cache  # noqa: E402
 import precompile  # noqa: E402
 import relocate  # noqa: E402
+import store  # noqa: E402
 
 
 # ---- LocalAI's side, from its pkg/system/capabilities.go (the oracle) -------------
@@ -77,6 +79,35 @@ def test_each_host_gets_the_build_made_for_it(built):
 def test_an_image_prefix_that_would_hide_the_linux_build_is_refused(image):
     with pytest.raises(SystemExit, match="LocalAI would offer"):
         gallery.index(image, "latest", [])
+
+
+def localai_pulls_an_image(uri: str) -> bool:
+    """LooksLikeOCI (pkg/downloader/uri.go): what LocalAI installs as an image; else a plain download."""
+    return uri.startswith(("quay.io", "oci://", "ollama://", "ocifile://", "ghcr.io", "docker.io"))
+
+
+def test_the_default_gallery_installs_the_tar_built_here(tmp_path):
+    tar = tmp_path / "dist" / "cpu-mx-backend.tar"
+    meta, *entries = gallery.index("", "latest", ["cpu"], tar)
+    assert [e["uri"] for e in entries] == [f"ocifile://{tar}"]
+    assert all(localai_pulls_an_image(e["uri"]) for e in entries)
+    assert localai_pick(meta["capabilities"], "default") == entries[0]["name"] == "cpu-mx-backend"
+    assert gallery.archive_tag("", "latest", gallery.FLAVOURS["cpu"]) == "mx-backend:latest-cpu"
+
+
+@pytest.mark.parametrize("image", ["localhost:5000/mx-backend", "registry.example.com/me/x", "me/x"])
+def test_an_image_localai_would_download_as_a_file_is_refused_with_the_reason(image):
+    assert not localai_pulls_an_image(f"{image}:latest-cpu")
+    with pytest.raises(SystemExit, match="no prefix LocalAI pulls as an image.*oci://"):
+        gallery.index(image, "latest", [])
+
+
+@pytest.mark.parametrize("image", ["oci://localhost:5000/mx-backend", "quay.io/me/x", "ghcr.io/me/x", "docker.io/me/x"])
+def test_every_registry_entry_is_one_localai_pulls(image):
+    _, *entries = gallery.index(image, "v1", ["cuda12"])
+    assert entries and all(localai_pulls_an_image(e["uri"]) for e in entries)
+    tag = gallery.archive_tag(image, "v1", gallery.FLAVOURS["cpu"])
+    assert tag == image.removeprefix("oci://") + ":v1-cpu"
 
 
 # ---- relocation ----------------------------------------------------------------
@@ -203,7 +234,7 @@ def test_a_layer_is_made_once_per_key_and_copied_whole(tmp_path):
     other = Maker(b"print(2)\n")
     assert not layer_cache.provide(str(cache), "k2", tmp_path / "three", other)
     assert other.calls == 1 and (tmp_path / "three" / "bin" / "python3.11").read_bytes() == b"print(2)\n"
-    assert sorted(p.name for p in cache.iterdir() if p.name != ".lock") == ["python-k2"]
+    assert sorted(p.name for p in cache.iterdir() if not p.name.startswith(".lock")) == ["python-k2"]
 
 
 @pytest.mark.parametrize("damage", ["changed", "added", "removed", "relinked", "no manifest"])
@@ -212,36 +243,50 @@ def test_a_damaged_layer_is_never_taken(tmp_path, damage):
     layer_cache.provide(str(cache), "k", tmp_path / "one", make)
     stored = cache / "python-k"
     if damage == "changed":  # same size, other bytes
-        (stored / "layer" / "bin" / "python3.11").write_bytes(b"print(7)\n")
+        (stored / "bin" / "python3.11").write_bytes(b"print(7)\n")
     elif damage == "added":
-        (stored / "layer" / "lib" / "extra.pth").write_text("import evil\n")
+        (stored / "lib" / "extra.pth").write_text("import evil\n")
     elif damage == "removed":
-        (stored / "layer" / "lib" / "empty").unlink()
+        (stored / "lib" / "empty").unlink()
     elif damage == "relinked":
-        (stored / "layer" / "bin" / "python3").unlink()
-        os.symlink("/usr/bin/python3", stored / "layer" / "bin" / "python3")
+        (stored / "bin" / "python3").unlink()
+        os.symlink("/usr/bin/python3", stored / "bin" / "python3")
     else:
-        (stored / "manifest.json").unlink()
+        (stored / store.MANIFEST).unlink()
     assert not layer_cache.provide(str(cache), "k", tmp_path / "two", make)
     assert make.calls == 2 and listing_of(tmp_path / "two") == listing_of(tmp_path / "one")
     assert layer_cache.provide(str(cache), "k", tmp_path / "three", make)  # stored anew, whole
     assert listing_of(tmp_path / "three") == listing_of(tmp_path / "one")
 
 
-def test_a_torn_store_and_a_shared_folder_are_not_used(tmp_path):
+def test_a_dead_builds_leftover_is_swept_and_a_loose_folder_is_tightened_and_verified(tmp_path):
     cache, make = tmp_path / "cache", Maker()
     cache.mkdir(mode=0o700)
-    (cache / ".partial-x").mkdir()  # a build that died while storing
-    (cache / ".partial-x" / "layer").mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = os.uname().nodename.replace("-", "_") or "host"
+    leftover = cache / f"{store.TMP}{host}-{dead.pid}-00000000-python-k"  # a build that died while storing
+    (leftover / "bin").mkdir(parents=True)
     assert not layer_cache.provide(str(cache), "k", tmp_path / "one", make)
-    assert not (cache / ".partial-x").exists()
+    assert not leftover.exists()
     shared = tmp_path / "shared"
     shared.mkdir()
-    shared.chmod(0o777)
+    shared.chmod(0o777)  # this user's, made loose: tightened, and what it holds is verified when taken
     assert not layer_cache.provide(str(shared), "k", tmp_path / "two", make)
-    assert not layer_cache.provide(str(shared), "k", tmp_path / "three", make)
-    assert make.calls == 3 and os.listdir(shared) == []
-    assert not layer_cache.provide("", "k", tmp_path / "four", make) and make.calls == 4
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o700
+    assert layer_cache.provide(str(shared), "k", tmp_path / "three", make)
+    assert make.calls == 2 and listing_of(tmp_path / "three") == listing_of(tmp_path / "one")
+    assert not layer_cache.provide("", "k", tmp_path / "four", make) and make.calls == 3
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a folder to another user")
+def test_a_folder_of_another_user_is_not_used_and_the_build_goes_on(tmp_path):
+    cache, make = tmp_path / "theirs", Maker()
+    cache.mkdir(mode=0o755)
+    os.chown(cache, 65534, 65534)
+    assert not layer_cache.provide(str(cache), "k", tmp_path / "one", make)
+    assert not layer_cache.provide(str(cache), "k", tmp_path / "two", make)
+    assert make.calls == 2 and os.listdir(cache) == []
 
 
 def test_a_copy_that_fails_fails_the_build_and_keeps_the_stored_layer(tmp_path, monkeypatch):
@@ -251,7 +296,7 @@ def test_a_copy_that_fails_fails_the_build_and_keeps_the_stored_layer(tmp_path, 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(layer_cache.shutil, "copytree", full_disk)
+    monkeypatch.setattr(store.shutil, "copytree", full_disk)
     with pytest.raises(OSError, match="No space"):
         layer_cache.provide(str(cache), "k", tmp_path / "two", make)
     monkeypatch.undo()

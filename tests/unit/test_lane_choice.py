@@ -169,8 +169,8 @@ def test_a_kept_verdict_is_private_and_a_damaged_one_is_checked_again(tmp_path, 
     import os
     import stat
 
+    import store
     from engine import lane_verdicts
-    from loaders import checksums
     from loaders.loaded import LoadedModel
 
     monkeypatch.setenv("MLX_BACKEND_CACHE_DIR", str(tmp_path / "cache"))
@@ -186,12 +186,31 @@ def test_a_kept_verdict_is_private_and_a_damaged_one_is_checked_again(tmp_path, 
         os.umask(old)
     (path,) = (tmp_path / "cache" / "lanes").glob("*.json")
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700 and stat.S_IMODE(path.stat().st_mode) == 0o600
-    kept = json.loads(path.read_text())
+    head, _, body = path.read_bytes().partition(b"\n")
+    kept = json.loads(body)
     kept["solo"] = False  # a verdict that would put a solo-lane model in the batch
-    path.write_text(json.dumps(kept))
-    before = checksums.figures()[checksums.LANE_CACHE]
+    path.write_bytes(head + b"\n" + json.dumps(kept).encode())
+    before = store.figures()["lane_cache_corrupt"]
     assert lane_verdicts.read(lm, config) is None
-    assert not path.exists() and checksums.figures()[checksums.LANE_CACHE] == before + 1
+    assert not path.exists() and store.figures()["lane_cache_corrupt"] == before + 1
+
+
+def test_a_verdict_that_cannot_be_kept_is_a_miss_not_a_failure(tmp_path, monkeypatch):
+    """The regression this store mends: a cache root that is a file failed every load."""
+    import store
+    from engine import lane_verdicts
+    from loaders.loaded import LoadedModel
+
+    (tmp_path / "root").write_text("a file where the cache root should be")
+    monkeypatch.setenv("MLX_BACKEND_CACHE_DIR", str(tmp_path / "root"))
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    lm = LoadedModel(name="m", source=str(tmp_path / "model"), model=None, tokenizer=None, config={},
+                     context_size=64, dtype="float32", options={}, load_seconds=0.0)
+    before = store.figures()["store_lanes_faults"]
+    lane_verdicts.write(lm, EngineConfig(), Lane(solo=True, reason="r"))  # no exception
+    assert lane_verdicts.read(lm, EngineConfig()) is None
+    assert store.figures()["store_lanes_faults"] == before + 2
 
 
 def test_a_failing_generation_step_fails_its_request_alone_and_the_lane_goes_on():

@@ -30,7 +30,7 @@ CONTRACT = {"backend_pb2", "backend_pb2_grpc"}  # generated from backend.proto
 SERVICER = {"backend", "servicer", "replies", "status_map", "rpc_gate", "localai_backend", "demo", "test"}  # the servicer and the scripts that run it
 PREPARE = {"prepare"}
 ENGINE = {"engine"}
-LOADERS = {"loaders", "load_options", "limits"}  # load-time options and budgets sit with the loaders
+LOADERS = {"loaders", "load_options", "limits", "store"}  # load-time options, budgets and the store sit with the loaders
 
 
 # ---- the graph ----------------------------------------------------------------

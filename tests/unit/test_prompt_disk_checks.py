@@ -19,7 +19,7 @@ mx = pytest.importorskip("mlx.core")
 from engine.prefix.disk_tier import DiskTier  # noqa: E402
 from engine.prefix.file_checks import Damaged, read_header  # noqa: E402
 from engine.prefix.prompt_store import make_store  # noqa: E402
-from loaders import checksums  # noqa: E402
+import store  # noqa: E402
 from test_prompt_store import _drain, _entry, _leaves, _lm  # noqa: E402
 
 TOKENS = list(range(3, 21))
@@ -71,9 +71,9 @@ def test_any_flipped_byte_is_served_as_written_or_not_at_all(written, one_root, 
     flipped = bytearray(good)
     flipped[at] ^= data.draw(st.integers(1, 255), label="mask")
     root = one_root
-    before = checksums.figures()[checksums.PROMPT_CACHE]
+    before = store.figures()["prompt_cache_disk_corrupt"]
     got = _served(root, name, bytes(flipped))
-    counted = checksums.figures()[checksums.PROMPT_CACHE] - before
+    counted = store.figures()["prompt_cache_disk_corrupt"] - before
     if got is not None:  # (a header byte JSON reads the same, e.g. padding turned into a tab)
         assert got[0] == TOKENS and _leaves(got[1]) == _leaves(_entry(TOKENS))
         assert counted == 0
@@ -113,12 +113,14 @@ def test_a_written_file_and_its_folders_are_this_users_alone_whatever_the_umask(
 def test_a_prompt_cache_path_that_is_a_file_leaves_the_cache_in_memory(tmp_path, monkeypatch, caplog):
     (tmp_path / "file").write_text("x")
     monkeypatch.setenv("MLX_BACKEND_PROMPT_CACHE_DIR", str(tmp_path / "file"))
-    with caplog.at_level(logging.WARNING, logger="mlx-backend.prompt-store"):
-        store = make_store(_lm(tmp_path), 4, 1 << 30, 1 << 30)
-    assert store.disk is None
+    before = store.figures()["store_prompt_cache_faults"]
+    with caplog.at_level(logging.WARNING, logger="mlx-backend.store"):
+        kept = make_store(_lm(tmp_path), 4, 1 << 30, 1 << 30)
+    assert kept.disk is None
     assert (tmp_path / "file").read_text() == "x"
-    (line,) = [r.getMessage() for r in caplog.records]
-    assert "disk tier is off" in line and str(tmp_path / "file") in line
+    assert store.figures()["store_prompt_cache_faults"] == before + 1
+    # Logged once per cause in a process: the first test here to meet it sees the line.
+    assert all(str(tmp_path / "file") in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a folder to another user")
@@ -127,8 +129,10 @@ def test_a_prompt_cache_folder_of_another_user_turns_the_tier_off(tmp_path, monk
     root.mkdir(mode=0o755)
     os.chown(root, 65534, 65534)
     monkeypatch.setenv("MLX_BACKEND_PROMPT_CACHE_DIR", str(root))
-    with caplog.at_level(logging.WARNING, logger="mlx-backend.prompt-store"):
-        store = make_store(_lm(tmp_path), 4, 1 << 30, 1 << 30)
-    assert store.disk is None and list(root.iterdir()) == []
+    before = store.figures()["store_prompt_cache_faults"]
+    with caplog.at_level(logging.WARNING, logger="mlx-backend.store"):
+        kept = make_store(_lm(tmp_path), 4, 1 << 30, 1 << 30)
+    assert kept.disk is None and list(root.iterdir()) == []
+    assert store.figures()["store_prompt_cache_faults"] == before + 1
     (line,) = [r.getMessage() for r in caplog.records]
     assert "uid 65534" in line and "MLX_BACKEND_PROMPT_CACHE_DIR" in line

@@ -54,9 +54,9 @@ class Built:
 
 
 def default_root() -> Path:
-    from loaders.gguf_loader import default_cache_dir
+    from models import models_root
 
-    return default_cache_dir().parent / "models" / "zoo-text"
+    return models_root() / "zoo-text"
 
 
 def tokenizer_dir(root: Path) -> Path:

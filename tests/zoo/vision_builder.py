@@ -46,9 +46,9 @@ PROBE = "The quick brown fox jumps over the lazy dog."
 
 
 def default_root() -> Path:
-    from loaders.gguf_loader import default_cache_dir
+    from models import models_root
 
-    return default_cache_dir().parent / "models" / "vision-zoo"
+    return models_root() / "vision-zoo"
 
 
 def _tokens(recipe: Recipe, target: Path):

@@ -6,9 +6,8 @@ a vision model's MediaState) alike (mlx-lm's own loader finds classes in its mod
 only). Tokens are little-endian int64, in the metadata and in the file name's hash:
 a vision model's prompts are keyed with their media tokens replaced by negative
 62-bit content hashes (media.keyed_tokens), which int32 cannot hold. Files appear
-by atomic rename of a uniquely named temporary file in the same folder (fsync
-first), so processes sharing a folder never see a partial one; folders are 0700 and
-files 0600 (loaders/private_files.py); each file carries checksums (file_checks.py).
+as the store writes every file (store.py: atomic, synced, private), so processes sharing
+a folder never see a partial one; each file carries checksums (file_checks.py).
 The fingerprint keys a folder to the model as loaded (weights by name, size and mtime,
 config, dtype, adapters and their scales, KV cache type, a vision model's video frame
 sampling, the library versions). Any thread.
@@ -20,7 +19,6 @@ import hashlib
 import json
 import os
 import sys
-import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -28,7 +26,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models import cache as lm_cache
 
-from loaders.private_files import private_dir, private_file
+import store
 
 # 3: checksums of the metadata and of the arrays (2 had none: flipped bytes became other
 # text); 2: tokens as int64 (1 had int32). The format is part of the fingerprint, so files
@@ -235,38 +233,7 @@ def file_name(tokens: List[int]) -> str:
 
 
 def write_atomically(folder: Path, name: str, arrays: Dict[str, mx.array], metadata: Dict[str, str]) -> int:
-    """Write one entry as `folder/name`: unique temporary file, fsync, rename. Its size in bytes.
-    The folder is made private when missing (a purge while running); the file is 0600."""
-    private_dir(folder)
-    tmp = folder / f".{name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.tmp{SUFFIX}"
-    try:
-        mx.save_safetensors(str(tmp), arrays, metadata)
-        private_file(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        size = tmp.stat().st_size
-        os.replace(tmp, folder / name)
-    except BaseException:
-        remove_file(tmp)
-        raise
-    try:  # the rename itself survives a crash once the folder is synced
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
-    return size
-
-
-def remove_file(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass  # another process removed it first
-
-
+    """Write one entry as `folder/name` (store.write_file: atomic, synced, 0600). Its size in
+    bytes. The folder is made private when missing (a purge while running)."""
+    store.private_dir(folder)
+    return store.PROMPTS.write_file(folder, name, lambda tmp: mx.save_safetensors(str(tmp), arrays, metadata))

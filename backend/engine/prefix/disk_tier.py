@@ -7,10 +7,11 @@ can be trimmed, shares a prefix with) from an index of the folder, refreshed whe
 its listing changes (another process sharing the folder), and reads it back on the
 engine thread. A file is verified before anything of it is served (its metadata when the
 index reads it, its arrays when they are loaded): one that is damaged or cannot be read is
-removed, logged once with its path and counted (loaders/checksums.py); one of another
-format or model is removed. A byte budget over the whole prompt-cache folder removes the
-least recently used files (mtime, refreshed on every hit). The folders are this user's
-alone (loaders/private_files.py): one of another user's turns the tier off.
+removed, logged once with its path and counted (store.py); one of another format or model
+is removed. A byte budget over the whole prompt-cache folder removes the least recently used
+files (mtime, refreshed on every hit: store.Kind.keep_within). The folders are the store's,
+this user's alone: one that cannot be used turns the tier off, and a write that fails (a full
+or read-only disk) keeps the entry in memory only; either is a fault counted in Status.
 
 Engine thread: DiskTier.lookup/read. Writer thread: the writes and the budget.
 """
@@ -28,29 +29,18 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import can_trim_prompt_cache
 
-from engine.prefix.cache_files import (FORMAT, SUFFIX, decode_cache, encode_cache, file_name, remove_file, tokens_of,
-                                       tokens_text, write_atomically)
+import store
+from engine.prefix.cache_files import (FORMAT, SUFFIX, decode_cache, encode_cache, file_name, tokens_of, tokens_text,
+                                       write_atomically)
 from engine.prefix.file_checks import Damaged, Foreign, check_arrays, check_header, read_header, seal
-from loaders import checksums
-from loaders.private_files import private_dir
 
 log = logging.getLogger("mlx-backend.prompt-store")
 
-STALE_TMP_S = 3600.0  # a temporary file this old was left by a process that died mid-write
 DEFAULT_DISK_BYTES = 4 << 30
 MAX_QUEUED_BYTES = 1 << 30  # evicted entries waiting for the writer, at most
 # The largest entry kept on disk: a read of it on the engine thread stays within about
 # one CPU prefill chunk (~1.5 s) at the read rates measured here (DiskTier.read).
 MAX_ENTRY_BYTES = 1 << 30
-
-
-def folder_root() -> Path:
-    """Where prompt caches live: MLX_BACKEND_PROMPT_CACHE_DIR, else next to the converted
-    GGUF models (MLX_BACKEND_CACHE_DIR/prompt-cache)."""
-    from loaders.gguf_loader import default_cache_dir
-
-    own = os.environ.get("MLX_BACKEND_PROMPT_CACHE_DIR")
-    return Path(own) if own else default_cache_dir().parent / "prompt-cache"
 
 
 def default_disk_bytes(root: Path) -> int:
@@ -63,13 +53,6 @@ def default_disk_bytes(root: Path) -> int:
     except OSError:
         return 0
     return min(DEFAULT_DISK_BYTES, free // 4)
-
-
-def _free_bytes(folder: Path) -> str:
-    try:
-        return str(shutil.disk_usage(folder).free)
-    except OSError:
-        return "unknown"
 
 
 # ---- the writer thread -------------------------------------------------------
@@ -100,7 +83,6 @@ class Writer:
         self.disk_bytes = 0  # the whole folder, as of the last budget pass
         self.disk_files = 0
         self.writes = 0
-        self.failed_in_a_row = 0
         self._thread = threading.Thread(target=self._run, name="prompt-cache-writer", daemon=True)
         self._thread.start()
         self.put(("budget",))
@@ -147,45 +129,14 @@ class Writer:
             metadata = seal(metadata, arrays)  # hashed here, off the engine thread
             size = write_atomically(tier.folder, name, arrays, metadata)
         except Exception as e:  # a full or read-only disk: this entry stays in memory only
-            self.failed_in_a_row += 1
-            if self.failed_in_a_row & (self.failed_in_a_row - 1) == 0:  # 1, 2, 4, ...: a full disk does not flood the log
-                log.warning("prompt cache: a disk write to %s failed (%s: %s; %s bytes free there; %d in a row)",
-                            tier.folder, type(e).__name__, e, _free_bytes(tier.folder), self.failed_in_a_row)
+            store.PROMPTS.miss(f"writing an entry into {tier.folder}", e)
             return
-        self.failed_in_a_row = 0
         tier.written(name, metadata, size)
         self.writes += 1
 
     def _keep_budget(self) -> None:
         """Remove least recently used files until the folder is within the budget."""
-        files, now = [], time.time()
-        try:
-            folders = [e for e in os.scandir(self.root) if e.is_dir()]
-        except FileNotFoundError:
-            folders = []
-        for folder in folders:
-            try:
-                entries = list(os.scandir(folder.path))
-            except FileNotFoundError:
-                continue
-            for e in entries:
-                try:
-                    st = e.stat()
-                except FileNotFoundError:
-                    continue  # another process removed it
-                if e.name.startswith("."):
-                    if e.name.endswith(".tmp" + SUFFIX) and now - st.st_mtime > STALE_TMP_S:
-                        remove_file(Path(e.path))
-                    continue
-                if e.name.endswith(SUFFIX):
-                    files.append((st.st_mtime, st.st_size, e.path))
-        total = sum(size for _, size, _ in files)
-        files.sort()
-        while total > self.budget and files:
-            _, size, path = files.pop(0)
-            remove_file(Path(path))
-            total -= size
-        self.disk_bytes, self.disk_files = total, len(files)
+        self.disk_bytes, self.disk_files = store.PROMPTS.keep_within(self.root, budget=self.budget)
 
 
 _writers: Dict[Tuple[str, int], Writer] = {}
@@ -224,9 +175,9 @@ class DiskTier:
     writes go through the folder's Writer."""
 
     def __init__(self, root: Path, model_fingerprint: str, budget: int):
-        """OSError (NotPrivate among them) when the folder cannot be this user's alone."""
+        """OSError (store.NotPrivate among them) when the folder cannot be this user's alone."""
         self.root, self.fingerprint, self.budget = root, model_fingerprint, budget
-        self.folder = private_dir(root / model_fingerprint)
+        self.folder = store.private_dir(root / model_fingerprint)
         self.writer = writer_for(root, budget)
         self._lock = threading.Lock()  # the index: the writer adds what it wrote
         self._index: Dict[str, _Known] = {}
@@ -287,14 +238,14 @@ class DiskTier:
         if isinstance(error, Foreign):
             log.warning("prompt cache: %s is not this model's (%s): removed", path, error)
         elif isinstance(error, Damaged):
-            checksums.note_damaged(checksums.PROMPT_CACHE, path, str(error), then)
+            store.PROMPTS.damaged(path, str(error), then)
         else:  # what the reader or the decoder raised: damage its checksum did not name
-            checksums.note_damaged(checksums.PROMPT_CACHE, path, f"{type(error).__name__}: {error}", then)
+            store.PROMPTS.damaged(path, f"{type(error).__name__}: {error}", then)
         try:
             st = path.stat()
         except OSError:
             st = None
-        remove_file(path)
+        store.remove(path)
         if st is not None and path.exists():  # a read-only folder: not read (nor logged) again
             self._refused[path.name] = (st.st_mtime_ns, st.st_size)
 

@@ -1,6 +1,6 @@
 """Whether a prefix-cache file is what was written, before anything of it is served.
 
-Each file carries two checksums in its metadata (loaders/checksums.py): one of the
+Each file carries two checksums in its metadata (store.digest): one of the
 metadata itself (tokens, how to rebuild the cache, format, model), checked whenever a
 header is read (the index, a read), and one of its arrays (names, dtypes, shapes and
 bytes), checked once they are loaded and before they become a cache. Together they cover
@@ -18,7 +18,7 @@ from typing import Dict, Tuple
 import mlx.core as mx
 
 from engine.prefix.cache_files import FORMAT
-from loaders import checksums
+import store
 
 META_SUM, DATA_SUM = "meta_sum", "data_sum"
 
@@ -93,12 +93,12 @@ def _array_parts(arrays: Dict[str, mx.array]):
 def arrays_sum(arrays: Dict[str, mx.array]) -> str:
     """The checksum of a file's arrays: their names, dtypes, shapes and bytes, the same before
     the write (any thread) and after a load."""
-    return checksums.digest(_array_parts(arrays))
+    return store.digest(_array_parts(arrays))
 
 
 def _meta_sum(meta: Dict[str, str]) -> str:
     rest = {k: v for k, v in meta.items() if k != META_SUM}
-    return checksums.digest([json.dumps(rest, sort_keys=True).encode()])
+    return store.digest([json.dumps(rest, sort_keys=True).encode()])
 
 
 def seal(metadata: Dict[str, str], arrays: Dict[str, mx.array]) -> Dict[str, str]:

@@ -20,8 +20,8 @@ from mlx_lm.models.cache import LRUPromptCache, PromptTrie, can_trim_prompt_cach
 
 from engine.prefix import snapshots
 from engine.prefix.cache_files import fingerprint
-from engine.prefix.disk_tier import DiskTier, folder_root
-from loaders.private_files import NotPrivate, private_dir
+import store
+from engine.prefix.disk_tier import DiskTier
 
 log = logging.getLogger("mlx-backend.prompt-store")
 
@@ -170,20 +170,17 @@ DISK_KINDS = ("text", "vision")
 
 
 def make_store(lm, max_size: int, max_bytes: int, disk_bytes: int) -> PromptStore:
-    """The prefix cache of `lm`: a disk tier when `disk_bytes` > 0 and its folders can be made
-    this user's alone (loaders/private_files.py); else memory only, and one log line why."""
+    """The prefix cache of `lm`: a disk tier when `disk_bytes` > 0 and its folders can be the
+    store's (this user's alone: store.py); else memory only, the fault logged and counted."""
     disk = None
     if disk_bytes > 0 and getattr(lm, "kind", "text") in DISK_KINDS:
-        root = folder_root()
-        try:
-            private_dir(root)
-            disk = DiskTier(root, fingerprint(lm), disk_bytes)
-            # The folder's name is a hash: this line is how an operator finds one model's files.
-            log.info("prompt cache: the files of %s are in %s", lm.source, disk.folder)
-        except OSError as e:
-            where = f"{e.filename}: {e.strerror}" if e.filename and e.strerror else f"{root}: {e}"
-            hint = (" (it holds users' prompts: chown or remove it, or set MLX_BACKEND_PROMPT_CACHE_DIR)"
-                    if isinstance(e, NotPrivate) else "")
-            log.warning("prompt cache: the disk tier is off: %s%s", where, hint)
+        root = store.PROMPTS.folder()
+        if root is not None:
+            try:
+                disk = DiskTier(root, fingerprint(lm), disk_bytes)
+                # The folder's name is a hash: this line is how an operator finds one model's files.
+                log.info("prompt cache: the files of %s are in %s", lm.source, disk.folder)
+            except OSError as e:
+                store.PROMPTS.miss("using a model's folder (the disk tier is off)", e)
     return PromptStore(max_size=max_size, max_bytes=max_bytes, disk=disk)
 
