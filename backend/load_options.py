@@ -168,6 +168,15 @@ TABLE = (
     Option("max_audios", integer(0, 1 << 12), 4, "audio items per request (LimitAudioPerPrompt wins when set)"),
     Option("max_media_bytes", integer(1, 1 << 30), 32 << 20, "decoded bytes of a request's media"),
     Option("max_request_pixels", integer(1, 1 << 40), 1 << 27, "pixels a whole request decodes"),
+    # Audio (speech to text, text to speech, voice activity)
+    Option("audio_max_bytes", integer(1, 1 << 40), 1 << 30, "bytes of an audio file to transcribe"),
+    Option("audio_max_seconds", number(0.01, 1e6), 7200.0, "seconds of an audio file to transcribe"),
+    Option("tts_max_chars", integer(1, 1 << 24), 20000, "characters of a text to speak"),
+    Option("vad_max_seconds", number(0.01, 1e6), 3600.0, "seconds of samples one VAD call takes"),
+    Option("vad_sample_rate", integer(1000, 384000), 16000, "the sample rate of VAD samples (the request says none)"),
+    Option("voice", text(256), None, "the voice a TTS request without one speaks in (default: the model's)"),
+    Option("language", text(64), None, "the language of a TTS or transcription request that names none"),
+    Option("speed", number(0.1, 10), 1.0, "TTS speaking speed"),
 )
 # The per-request text bounds (limits.py holds their defaults and ranges).
 TABLE += tuple(

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import audio_replies
 import backend_pb2
 import backend_pb2_grpc
 from common import model_identity
@@ -27,8 +28,10 @@ import rpc_gate
 from rpc_gate import gated
 from status_map import answered, answered_stream
 from engine import Engine, EngineConfig, EngineError, lane_choice
+from engine.audio import AudioDone, AudioPart
 from engine.speculation import spec_config
 from loaders import adapt_options, media_bounds, model_loader
+from prepare import audio as audio_prep
 
 log = logging.getLogger("mlx-backend")
 
@@ -114,11 +117,24 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         if refusal is not None:
             raise EngineError("NOT_FOUND", f"mlx: {refusal}")
 
+    def _serving(self, request, task: str, rpc: str):
+        """The loaded model, when it serves the audio `task` ("transcribe", "speak", "detect")
+        and the request names it; FAILED_PRECONDITION naming what is loaded otherwise."""
+        lm = self._loaded()
+        self._check_identity(lm, request.ModelIdentity)
+        if task not in lm.serves.audio:
+            raise EngineError("FAILED_PRECONDITION", f"mlx: {rpc}: the loaded model is {lm.serves.what}: it serves "
+                              f"{prepare.served_rpcs(lm.serves)} only")
+        return lm
+
     async def _prepared(self, request):
         """The engine Request for a PredictOptions (its failures leave through status_of)."""
         lm = self._loaded()
         self._check_identity(lm, request.ModelIdentity)
         serves = lm.serves
+        if serves.audio:  # an audio model: the RPC, not a field, is wrong
+            raise EngineError("FAILED_PRECONDITION", f"mlx: the loaded model is {serves.what}: it serves "
+                              f"{prepare.served_rpcs(serves)} only")
         if not serves.generate:
             raise OptionError(f"the loaded model is {serves.what}: it serves {prepare.served_rpcs(serves)} only")
         with self.engine.arriving():  # the engine may wait for it to prefill a burst together
@@ -136,6 +152,9 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         lm = self._loaded()
         self._check_identity(lm, request.ModelIdentity)
         serves = lm.serves
+        if serves.audio:
+            raise EngineError("FAILED_PRECONDITION", f"mlx: the loaded model is {serves.what}: it serves "
+                              f"{prepare.served_rpcs(serves)} only")
         if not (serves.embed or serves.score or serves.rerank):
             raise OptionError(f"Embedding, Score and Rerank are not served for {serves.what}")
         with self.engine.arriving():  # concurrent embeddings arriving together share one pass
@@ -318,3 +337,91 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         log.info("rerank: %d documents, %d tokens evaluated in %.0f ms", len(documents), evaluated,
                  (time.perf_counter() - started) * 1000)
         return replies.rerank_result(documents, scores, prepare.ranked(scores, request.top_n), evaluated)
+
+    # ---- audio: speech to text, text to speech, voice activity -----------------------------
+
+    async def _run_audio(self, context, job):
+        """The job's parts as they come, then its AudioDone (prepared, bounded: prepare/audio.py)."""
+        self._cancel_when_done(context, job)
+        async for item in self.engine.audio(job):
+            yield item
+
+    async def _transcribe(self, request, context, rpc: str):
+        lm = self._serving(request, "transcribe", rpc)
+        job = await self._on_prep(audio_prep.transcription_job, lm, request)
+        done = None
+        async for item in self._run_audio(context, job):
+            done = item
+        seconds = job.args["seconds"]
+        result = audio_replies.transcript_result(done.value, seconds)
+        log.info("transcription%s: %.1f s of audio -> %d characters, %d segments (queued %.0f ms, %.0f ms: "
+                 "%.2fx real time)", _tag(job.label), seconds, len(result.text), len(result.segments),
+                 done.queued_ms, done.run_ms, done.run_ms / 1000 / seconds if seconds else 0)
+        return result
+
+    @answered
+    @gated
+    async def AudioTranscription(self, request, context):
+        return await self._transcribe(request, context, "AudioTranscription")
+
+    @answered_stream
+    @gated
+    async def AudioTranscriptionStream(self, request, context):
+        # The library gives a transcript whole: each segment goes as a delta, then the result.
+        result = await self._transcribe(request, context, "AudioTranscriptionStream")
+        for segment in result.segments:
+            yield backend_pb2.TranscriptStreamResponse(delta=segment.text)
+        if not result.segments and result.text:
+            yield backend_pb2.TranscriptStreamResponse(delta=result.text)
+        yield backend_pb2.TranscriptStreamResponse(final_result=result)
+
+    @answered
+    @gated
+    async def TTS(self, request, context):
+        lm = self._serving(request, "speak", "TTS")
+        job = await self._on_prep(audio_prep.speech_job, lm, request, True)
+        chunks, done = [], None
+        async for item in self._run_audio(context, job):
+            if isinstance(item, AudioPart):
+                chunks.append(item.value)
+            else:
+                done = item
+        rate = done.value["sample_rate"] or lm.audio.sample_rate
+        if not chunks or not rate:
+            raise EngineError("INTERNAL", "TTS: the model made no audio for this text")
+        size = await self._on_prep(audio_replies.write_wav, request.dst, chunks, rate)
+        seconds = done.value["samples"] / rate
+        log.info("speech%s: %.2f s at %d Hz -> %s (%d bytes; queued %.0f ms, %.0f ms: %.2fx real time)",
+                 _tag(job.label), seconds, rate, request.dst, size, done.queued_ms, done.run_ms,
+                 done.run_ms / 1000 / seconds if seconds else 0)
+        return backend_pb2.Result(success=True, message=f"audio written to {request.dst}")
+
+    @answered_stream
+    @gated
+    async def TTSStream(self, request, context):
+        lm = self._serving(request, "speak", "TTSStream")
+        job = await self._on_prep(audio_prep.speech_job, lm, request, False)
+        rate = lm.audio.sample_rate
+        if rate:
+            yield audio_replies.stream_header(rate)  # the host writes its WAV header from it
+        async for item in self._run_audio(context, job):
+            if isinstance(item, AudioPart):
+                samples, chunk_rate = item.value
+                if not rate:
+                    rate = chunk_rate
+                    yield audio_replies.stream_header(rate)
+                yield audio_replies.stream_chunk(samples)
+            elif isinstance(item, AudioDone):
+                log.info("speech stream%s: %d samples at %s Hz (queued %.0f ms, %.0f ms)", _tag(job.label),
+                         item.value["samples"], rate, item.queued_ms, item.run_ms)
+
+    @answered
+    @gated
+    async def VAD(self, request, context):
+        lm = self._serving(request, "detect", "VAD")
+        job = await self._on_prep(audio_prep.voice_job, lm, request)
+        done = None
+        async for item in self._run_audio(context, job):
+            done = item
+        log.info("voice activity%s: %d segments (%.0f ms)", _tag(job.label), len(done.value), done.run_ms)
+        return audio_replies.vad_response(done.value)

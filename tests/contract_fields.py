@@ -274,4 +274,30 @@ CONTRACT = {
         'text': (2, 'string'),
         'relevance_score': (3, 'float'),
     },
+    # The audio messages (LocalAI's backend.proto, read from its source: they are not in the
+    # shared wire-contract table). start/end of a segment or a word are int64 nanoseconds
+    # (core/backend/transcript.go reads them as time.Duration).
+    'TranscriptRequest': {
+        'dst': (2, 'string'), 'language': (3, 'string'), 'threads': (4, 'uint32'), 'translate': (5, 'bool'),
+        'diarize': (6, 'bool'), 'prompt': (7, 'string'), 'temperature': (8, 'float'),
+        'timestamp_granularities': (9, 'repeated string'), 'stream': (10, 'bool'), 'ModelIdentity': (11, 'string'),
+    },
+    'TranscriptResult': {
+        'segments': (1, 'repeated TranscriptSegment'), 'text': (2, 'string'), 'language': (3, 'string'),
+        'duration': (4, 'float'), 'eou': (5, 'bool'),
+    },
+    'TranscriptStreamResponse': {'delta': (1, 'string'), 'final_result': (2, 'TranscriptResult')},
+    'TranscriptWord': {'start': (1, 'int64'), 'end': (2, 'int64'), 'text': (3, 'string')},
+    'TranscriptSegment': {
+        'id': (1, 'int32'), 'start': (2, 'int64'), 'end': (3, 'int64'), 'text': (4, 'string'),
+        'tokens': (5, 'repeated int32'), 'speaker': (6, 'string'), 'words': (7, 'repeated TranscriptWord'),
+    },
+    'TTSRequest': {
+        'text': (1, 'string'), 'model': (2, 'string'), 'dst': (3, 'string'), 'voice': (4, 'string'),
+        'language': (5, 'string'), 'instructions': (6, 'string'), 'params': (7, 'map<string, string>'),
+        'ModelIdentity': (8, 'string'),
+    },
+    'VADRequest': {'audio': (1, 'repeated float'), 'ModelIdentity': (2, 'string')},
+    'VADSegment': {'start': (1, 'float'), 'end': (2, 'float')},
+    'VADResponse': {'segments': (1, 'repeated VADSegment')},
 }

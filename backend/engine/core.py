@@ -26,6 +26,8 @@ import time
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional
 
 from engine import device_setup
+from engine.audio import AudioDone
+from engine.audio_queue import AudioQueue
 from engine.config import EngineConfig
 from engine.forward_queue import ForwardQueue
 from engine.health import Pulse
@@ -68,9 +70,11 @@ class Engine:
         self._outbox: List[tuple] = []  # (sink, event) to hand over at the end of the pass
         self._streams = Streams(self._outbox, self.metrics, self.hooks)
         # Every kind of work, driven alike (work.py), a turn each per pass in this order:
-        # the streams' admission and step, then a chunk of forward jobs (embeddings, scores).
+        # the streams' admission and step, a slice of each audio job (transcriptions, speech,
+        # voice activity), then a chunk of forward jobs (embeddings, scores).
+        self._audio = AudioQueue(self._streams)
         self._forward = ForwardQueue(self._streams, self.hooks)
-        self._work = [self._streams, self._forward]
+        self._work = [self._streams, self._audio, self._forward]
         self._stopping = False
         self._pulse = Pulse()  # for Health, read from the event loop
         self.on_close: Optional[Callable[[str], None]] = None  # told, from the engine thread, why it ended
@@ -136,6 +140,25 @@ class Engine:
             raise result.error
         return result
 
+    async def audio(self, job) -> AsyncIterator[Any]:
+        """Submit an audio job (engine/audio); yields each AudioPart it makes, then its AudioDone;
+        raises EngineError. Cancelled when the caller stops reading before the end."""
+        sink = Sink(asyncio.get_running_loop())
+        job.id = next(self._ids)
+        self._put(Submit(job, sink))
+        done = False
+        try:
+            while not done:
+                item = await sink.queue.get()
+                if isinstance(item, Event):
+                    done = True
+                    raise item.error
+                done = isinstance(item, AudioDone)
+                yield item
+        finally:
+            if not done:  # the client left: the job ends at its next turn
+                self.cancel(job.id)
+
     async def stream(self, request: Request) -> AsyncIterator[Event]:
         """Submit a request; yields its Events until the last one (finish set)."""
         sink = Sink(asyncio.get_running_loop())
@@ -195,7 +218,7 @@ class Engine:
             # The default stream, as mlx_lm.server's one generation thread uses (device_setup.py).
             self._stream = mx.default_stream(mx.default_device())
             self._streams.mx, self._streams.stream = mx, self._stream
-            self._forward.mx_stream = self._stream
+            self._forward.mx_stream = self._audio.mx_stream = self._stream
             last_mem = 0.0
             while not self._stopping:
                 self._pulse.beat = now = time.monotonic()
@@ -363,6 +386,8 @@ class Engine:
             "kv_bytes_per_token_float": getattr(self.model, "kv_bytes_per_token_float", 0),
             # The lane chosen at load (lane_choice.py): 1 when one request runs at a time.
             **lane_choice.lane_figures(self.model),
+            # An audio model's kind (audio_stt, audio_tts or audio_vad: 1), its rate, its jobs.
+            **self._audio.figures(),
         }
         self.hooks.memory(self.memory)
 

@@ -50,6 +50,7 @@ class Serves:
     score: bool  # Score
     rerank: bool  # Rerank
     media: Tuple[str, ...] = ()  # what a Predict may carry besides text: "image", "video"
+    audio: Tuple[str, ...] = ()  # the audio RPCs it serves: "transcribe", "speak", "detect"
 
 
 # By the loader that built the model (LoadedModel.kind); only loaders set a kind.
@@ -59,6 +60,13 @@ SERVES = {
                      media=("image", "video")),
     "embedding": Serves("an embedding model", generate=False, embed=True, score=False, rerank=True),
     "reranker": Serves("a cross-encoder reranker", generate=False, embed=False, score=False, rerank=True),
+    # mlx-audio's kinds (audio_model.py), named as refusals name them.
+    "speech-to-text": Serves("a speech-to-text model", generate=False, embed=False, score=False, rerank=False,
+                             audio=("transcribe",)),
+    "text-to-speech": Serves("a text-to-speech model", generate=False, embed=False, score=False, rerank=False,
+                             audio=("speak",)),
+    "voice-activity": Serves("a voice-activity model", generate=False, embed=False, score=False, rerank=False,
+                             audio=("detect",)),
 }
 
 
@@ -98,9 +106,11 @@ class LoadedModel:
     # "text": a causal LM (chat, and Embedding/Score from its hidden states and logits);
     # "vision": served by vision_batch, media prepared by vision_prepare;
     # "embedding": an encoder that only embeds (embed_loader);
-    # "reranker": a cross-encoder that only reranks (cross_encoder).
+    # "reranker": a cross-encoder that only reranks (cross_encoder);
+    # "speech-to-text", "text-to-speech", "voice-activity": mlx-audio's models (audio_model).
     kind: str = "text"
     vision: Any = None  # vision_model.VisionParts of a vision model
+    audio: Any = None  # audio_model.AudioParts of an audio model
     embedding: Any = None  # embed_loader.EmbeddingSpec: pooling and normalisation
     lane: Lane = field(default_factory=Lane)  # the batch, unless the check at load chose otherwise
 

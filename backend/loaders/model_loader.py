@@ -6,7 +6,9 @@ folder): model_source.py makes them one local path (a hub id its snapshot).
 mlx-lm directories go through mlx-lm's loader; `.gguf`
 files are converted once by gguf_loader and then loaded the same way;
 directories of a vision family (vision_route: a vision_config, or a type only
-mlx-vlm has as a vision family) go through mlx-vlm (vision_model),
+mlx-vlm has as a vision family) go through mlx-vlm (vision_model), audio models
+(speech to text, text to speech, voice activity, as mlx-audio classifies their
+config) through mlx-audio (audio_model),
 sequence-classification checkpoints through mlx-vlm's reranker loader
 (cross_encoder).
 
@@ -139,6 +141,13 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
         except Exception as e:  # a damaged or foreign file: the reader's own words
             raise ModelLoadError(f"{source}: not a readable GGUF file ({type(e).__name__}: {e})") from None
     elif os.path.isdir(source):
+        from loaders import audio_model
+
+        audio = audio_model.audio_kind(Path(source))  # as mlx-audio classifies the config
+        if audio is not None:
+            if shard is not None:
+                raise ModelLoadError(f"{source}: only text models are served across ranks")
+            return audio_model.load_audio(spec, source, audio, started)
         # By config: each library would load the other's models, wrongly.
         encoder, vision = embed_loader.is_encoder_embedding(Path(source)), vision_route.is_vision(Path(source))
         cross = cross_encoder.is_cross_encoder(Path(source))  # an encoder too: checked first

@@ -257,7 +257,9 @@ def ranked(scores: Sequence[float], top_n: int) -> List[int]:
 def served_rpcs(serves) -> str:
     """The RPCs a model serves, as refusals list them: "Embedding and Rerank"."""
     names = [name for name, yes in (("Predict", serves.generate), ("Embedding", serves.embed),
-                                    ("Score", serves.score), ("Rerank", serves.rerank)) if yes]
+                                    ("Score", serves.score), ("Rerank", serves.rerank),
+                                    ("AudioTranscription", "transcribe" in serves.audio),
+                                    ("TTS", "speak" in serves.audio), ("VAD", "detect" in serves.audio)) if yes]
     return " and ".join(names) if len(names) <= 2 else ", ".join(names[:-1]) + " and " + names[-1]
 
 

@@ -11,7 +11,7 @@ from contract_fields import CONTRACT
 SCALARS = {
     FD.TYPE_STRING: "string", FD.TYPE_BYTES: "bytes", FD.TYPE_INT32: "int32",
     FD.TYPE_FLOAT: "float", FD.TYPE_DOUBLE: "double", FD.TYPE_BOOL: "bool",
-    FD.TYPE_UINT64: "uint64",
+    FD.TYPE_UINT64: "uint64", FD.TYPE_UINT32: "uint32", FD.TYPE_INT64: "int64",
 }
 # Declared by the contract, not needed by this backend (proto3 ignores them).
 UNDECLARED = {("ModelOptions", "Proxy")}
@@ -56,6 +56,12 @@ def test_package_service_and_enums():
     assert rpcs["Embedding"] == ("PredictOptions", "EmbeddingResult", False)
     assert rpcs["Score"] == ("ScoreRequest", "ScoreResponse", False)
     assert rpcs["Rerank"] == ("RerankRequest", "RerankResult", False)
+    # The audio RPCs as LocalAI's backend.proto declares them.
+    assert rpcs["AudioTranscription"] == ("TranscriptRequest", "TranscriptResult", False)
+    assert rpcs["AudioTranscriptionStream"] == ("TranscriptRequest", "TranscriptStreamResponse", True)
+    assert rpcs["TTS"] == ("TTSRequest", "Result", False)
+    assert rpcs["TTSStream"] == ("TTSRequest", "Reply", True)
+    assert rpcs["VAD"] == ("VADRequest", "VADResponse", False)
     for name in ("Health", "Free", "LoadModel", "Embedding", "TokenizeString", "Detokenize",
                  "Status", "Score", "Rerank", "GetMetrics", "ModelMetadata"):
         assert name in rpcs

@@ -27,7 +27,7 @@ REPO = _repo()
 CONTRACT = {"backend_pb2", "backend_pb2_grpc"}  # generated from backend.proto
 
 # Layers by module name (a package's own name covers its __init__ and everything under it).
-SERVICER = {"backend", "servicer", "replies", "status_map", "rpc_gate", "localai_backend", "demo", "test"}  # the servicer and the scripts that run it
+SERVICER = {"backend", "servicer", "replies", "audio_replies", "status_map", "rpc_gate", "localai_backend", "demo", "test"}  # the servicer and the scripts that run it
 PREPARE = {"prepare"}
 ENGINE = {"engine"}
 LOADERS = {"loaders", "load_options", "limits", "store"}  # load-time options, budgets and the store sit with the loaders
@@ -221,8 +221,9 @@ ENGINE_PARTS = {
     "lanes": {"lanes", "prefix", "kv"},
     "forward": {"forward", "prefix", "kv"},
     "speculation": {"speculation", "lanes", "prefix", "kv"},
-    "scheduler": {"scheduler", "speculation", "lanes", "forward", "prefix", "kv"},
-    "lockstep": {"lockstep", "scheduler", "speculation", "lanes", "forward", "prefix", "kv"},
+    "audio": {"audio"},
+    "scheduler": {"scheduler", "speculation", "lanes", "forward", "prefix", "kv", "audio"},
+    "lockstep": {"lockstep", "scheduler", "speculation", "lanes", "forward", "prefix", "kv", "audio"},
 }
 
 

@@ -110,3 +110,20 @@ def test_a_full_size_tower_family_is_built_only_when_asked(monkeypatch):
     assert vision_families.reason(heavy) == vision_families.FULL_TOWERS[heavy]
     monkeypatch.setenv("ZOO_FULL_TOWERS", "1")
     assert vision_families.built_here(heavy, [])
+
+
+def test_the_audio_section_lists_each_family_and_is_spliced_alone():
+    audio = {"library": "mlx-audio 0.6.2", "families": {
+        "whisper": {"kind": "stt", "status": "served", "reason": "", "checks": {"alone": True, "together": True,
+                                                                                "stream": True}},
+        "kokoro": {"kind": "tts", "status": "differs", "reason": "stream differs",
+                   "checks": {"alone": True, "together": True, "stream": False}},
+        "sesame": {"kind": "tts", "status": "not-built", "reason": "its codec comes from the hub", "checks": {}}}}
+    page = families_doc.render(_results(), audio=audio)
+    section = page[page.index("## Audio families (mlx-audio 0.6.2)"):page.index("## Refused families")]
+    assert "| `whisper` | stt | yes | yes | yes |" in section and "| `kokoro` | tts | yes | yes | **no** |" in section
+    assert "- `sesame` (not-built): its codec comes from the hub" in section
+    assert "- `kokoro` (served, not exact): stream differs" in section
+    spliced = families_doc.splice_audio(families_doc.render(_results()), audio)
+    assert spliced.count("\n## Audio families (") == 1 and section in spliced
+    assert families_doc.splice_audio(spliced, audio) == spliced  # in place the second time

@@ -1,7 +1,9 @@
-"""docs/model-families.md, written from the family matrices' results (text.json, vision.json).
+"""docs/model-families.md, written from the family matrices' results (text.json, vision.json,
+audio.json).
 
     python tests/zoo/families_doc.py RESULTS_DIR [OUT]     (`make families-doc` runs the
-    matrices into RESULTS_DIR first; OUT defaults to docs/model-families.md)
+    matrices into RESULTS_DIR first; OUT defaults to docs/model-families.md; a RESULTS_DIR with
+    only audio.json, from the audio matrix alone, rewrites only the page's audio section)
 
 The page is generated: what it says about a family is what the last matrix run saw. Its
 prose around the tables is here.
@@ -52,6 +54,46 @@ TEXT_COLUMNS = [("alone", "alone"), ("batched", "at once (3)"), ("stream", "stre
                 ("speculation", "speculation"), ("score", "Score")]
 VISION_COLUMNS = [("alone", "alone"), ("batched", "at once (2)"), ("stream", "stream"), ("prefix", "prefix"),
                   ("images", "images"), ("video", "video")]
+
+
+AUDIO_COLUMNS = [("alone", "alone"), ("together", "at once (2)"), ("stream", "stream")]
+
+AUDIO_INTRO = """\
+Speech to text, text to speech and voice activity, through mlx-audio
+([Audio](audio.md)): every family package of the installed mlx-audio's `stt`, `tts` and `vad`
+kinds, built tiny with its own classes (tests/zoo/audio/) and shaped so that its input matters
+(two clips or two texts give two answers), served by the real server one after another and
+compared with mlx-audio's own generation in a separate process (tests/audio_oracle.py: the
+library's `generate_transcription`; its TTS `generate` called as `generate_audio` calls it; its
+VAD `generate`). **alone**: each of two inputs gives the library's transcript and segments (to
+the nanosecond LocalAI reads), its waveform (within one step of the 16-bit WAV the host gets)
+at the model's own sample rate, or its speech segments. **at once**: both sent together give
+the same. **stream**: AudioTranscriptionStream's final result is the unary one; TTSStream's
+header names the model's rate and its PCM chunks are the WAV's samples.
+"""
+
+
+def _audio_table(families: dict) -> list:
+    head = ["family", "kind"] + [title for _, title in AUDIO_COLUMNS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, e in sorted(families.items(), key=lambda kv: (kv[1].get("kind", ""), kv[0])):
+        if e["status"] not in ("served", "differs"):
+            continue
+        cells = [f"`{name}`", e.get("kind", "")] + [_cell(e["checks"].get(key)) for key, _ in AUDIO_COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def audio_section(results: dict) -> list:
+    families = {n: dict(e, status="served" if e["status"] == "differs" else e["status"])
+                for n, e in results["families"].items()}
+    kinds = {}
+    for e in families.values():
+        kinds[e.get("kind", "")] = kinds.get(e.get("kind", ""), 0) + 1
+    return [f"## Audio families ({results['library']})", "", AUDIO_INTRO,
+            _summary(families) + " By kind: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + ".", "",
+            *_audio_table(results["families"]), "", "### Audio families: not served exactly, and why", "",
+            *(_missing(families) or ["None."]), ""]
 
 
 def _cell(value) -> str:
@@ -117,21 +159,38 @@ VISION_UNMATRIXED = (
     "every vision-language family of the installed mlx-vlm against its own generation. See [Vision](vision.md).")
 
 
-def render(text: dict, vision: dict = None) -> str:
+def render(text: dict, vision: dict = None, audio: dict = None) -> str:
     parts = [INTRO, *_section("Text families", text, TEXT_COLUMNS)]
     if vision:
         parts += _section("Vision families", vision, VISION_COLUMNS)
     else:
         parts += ["## Vision families", "", VISION_UNMATRIXED, ""]
+    if audio:
+        parts += audio_section(audio)
     parts += ["## Refused families", "", REFUSALS]
     return "\n".join(parts)
 
 
+def splice_audio(page: str, audio: dict) -> str:
+    """`page` with its audio section (made anew or in place) from `audio`, the rest as it was."""
+    section = "\n".join(audio_section(audio))
+    start = page.find("## Audio families")
+    end = page.find("## Refused families")
+    if start < 0:
+        start = end
+    return page[:start] + section + "\n" + page[end:]
+
+
+def _load(path: Path):
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def write(results_dir: Path, out: Path = DOC) -> Path:
-    text = json.loads((results_dir / "text.json").read_text())
-    vision_path = results_dir / "vision.json"
-    vision = json.loads(vision_path.read_text()) if vision_path.exists() else None
-    out.write_text(render(text, vision))
+    text, vision, audio = (_load(results_dir / f"{n}.json") for n in ("text", "vision", "audio"))
+    if text is None:  # the audio matrix alone: only its section changes
+        out.write_text(splice_audio(out.read_text(), audio))
+        return out
+    out.write_text(render(text, vision, audio))
     return out
 
 
