@@ -3,7 +3,7 @@ PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 ADDR ?= 127.0.0.1:50051
 
-.PHONY: install install-test protogen serve serve-distributed demo smoke unit e2e test families-doc bench bench-adapt bench-vision bench-spec bench-distributed bench-embed bench-peers soak localai-backend package clean
+.PHONY: install install-test protogen serve serve-distributed demo smoke unit e2e test families-doc bench bench-adapt bench-vision bench-audio bench-spec bench-distributed bench-embed bench-peers soak localai-backend package clean
 
 install:
 	./install.sh
@@ -61,6 +61,8 @@ bench-adapt: install-test
 	$(PY) tests/bench/bench_adapt.py
 bench-vision: install-test
 	$(PY) tests/bench/bench_vision.py
+bench-audio: install-test
+	$(PY) tests/bench/bench_audio.py $(BENCH_ARGS)
 bench-spec: install-test
 	$(PY) tests/bench/bench_spec.py
 bench-distributed: install-test

@@ -63,14 +63,16 @@ def train_tokenizer(target: Path, specials=SPECIALS, template=CHAT_TEMPLATE, eos
     return fast
 
 
-def turn_template(turn: str, image: str, end: str, answer: str, video: str = "") -> str:
+def turn_template(turn: str, image: str, end: str, answer: str, video: str = "", audio: str = "") -> str:
     """A chat template written for these tests: each turn `turn` (the role in it), images as
-    `image`, videos as `video`, then `end`; the generation prompt `answer`."""
+    `image`, videos as `video`, audio clips as `audio` (none rendered when empty), then `end`; the
+    generation prompt `answer`."""
+    heard = "{% elif part['type'] == 'audio' %}{{ '" + audio + "' }}" if audio else ""
     return ("{% for message in messages %}" + turn +
             "{% if message['content'] is string %}{{ message['content'] }}"
             "{% else %}{% for part in message['content'] %}"
             "{% if part['type'] == 'image' or 'image' in part %}{{ '" + image + "' }}"
-            "{% elif part['type'] == 'video' %}{{ '" + video + "' }}"
+            "{% elif part['type'] == 'video' %}{{ '" + video + "' }}" + heard +
             "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
             "{% endfor %}{% endif %}"
             "{{ '" + end + "' }}{% endfor %}"

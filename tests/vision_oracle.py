@@ -7,7 +7,9 @@ ids of mlx-vlm's `stream_generate` (temperature 0, at most max_tokens) up to the
 whose top-2 margin is under MARGIN (past it, any float reordering may pick the other token, so
 a comparison ends there), "video": the same for a clip of that seed (when asked and the
 family's prompt holds it), "cache_kinds": the classes of the language model's prompt cache,
-"error": why the library itself failed, else null, "video_error": the same for the clip}.
+"error": why the library itself failed, else null, "video_error": the same for the clip, "audio":
+per audio clip asked (seed, seconds of audio_clips.clip) the same tokens with the clip instead
+of a picture, "audio_error"}.
 Nothing of the backend is imported.
 """
 
@@ -70,6 +72,22 @@ def _video(model, processor, question: str, seed: int, max_tokens: int):
         return _greedy(model, processor, prompt, max_tokens, video=[path])
 
 
+def _audio(model, processor, question: str, clips, max_tokens: int) -> list:
+    """Per clip (seed, seconds of audio_clips.clip, as a 16 kHz WAV), the greedy tokens of mlx-vlm's
+    generation with the clip: its prompt from the library's chat templating with one audio."""
+    from mlx_vlm.prompt_utils import apply_chat_template
+
+    from audio_clips import clip, write_wav
+
+    prompt = apply_chat_template(processor, model.config, question, num_audios=1)
+    answers = []
+    with tempfile.TemporaryDirectory() as folder:
+        for seed, seconds in clips:
+            path = write_wav(os.path.join(folder, f"clip-{seed}.wav"), clip(seed, seconds))
+            answers.append(_greedy(model, processor, prompt, max_tokens, audio=[path]))
+    return answers
+
+
 def answer(job: dict) -> dict:
     from PIL import Image
     from mlx_vlm import load
@@ -77,7 +95,8 @@ def answer(job: dict) -> dict:
     from mlx_vlm.prompt_utils import apply_chat_template
     from vision_fixture import image_b64
 
-    out = {"images": [], "video": None, "cache_kinds": [], "error": None, "video_error": None}
+    out = {"images": [], "video": None, "cache_kinds": [], "error": None, "video_error": None, "audio": None,
+           "audio_error": None}
     try:
         model, processor = load(job["model"])
         out["cache_kinds"] = sorted({type(c).__name__ for c in vlm_cache.make_prompt_cache(model.language_model)})
@@ -88,6 +107,11 @@ def answer(job: dict) -> dict:
     except Exception as e:  # the library itself cannot run this family here: said, not raised
         out["error"] = f"{type(e).__name__}: {e}"
         return out
+    if job.get("audio"):
+        try:
+            out["audio"] = _audio(model, processor, job["question"], job["audio"], job["max_tokens"])
+        except Exception as e:  # the library cannot take a clip for this family here
+            out["audio_error"] = f"{type(e).__name__}: {e}"
     if job.get("video") is not None:
         try:
             out["video"] = _video(model, processor, job["question"], job["video"], job["max_tokens"])
@@ -105,10 +129,11 @@ def main() -> None:
         print(json.dumps(out), flush=True)
 
 
-def job(model: str, question: str, images, max_tokens: int, video=None) -> dict:
-    """`images`: (seed, width, height) of each picture asked about alone."""
+def job(model: str, question: str, images, max_tokens: int, video=None, audio=()) -> dict:
+    """`images`: (seed, width, height) of each picture asked about alone; `audio`: (seed, seconds)
+    of each clip asked about alone."""
     return {"model": model, "question": question, "images": [list(i) for i in images], "max_tokens": max_tokens,
-            "video": video}
+            "video": video, "audio": [list(a) for a in audio]}
 
 
 def start(jobs):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from loaders.loaded import LoadedModel, ModelLoadError
+from loaders.loaded import LoadedModel, ModelLoadError, evaluate, materialize
 
 log = logging.getLogger("mlx-backend.loader")
 
@@ -78,38 +78,15 @@ def _sample_rate(model, kind: str) -> int:
     return 16000 if kind in ("stt", "vad") else 0
 
 
-def _every_array(model) -> list:
-    """Every mx.array the model holds (its parameters, and the buffers, codecs and tables kept
-    as plain attributes, which `parameters()` does not list), and the module-level arrays of
-    mlx-audio's own modules. MLX evaluates an array on the stream of the thread that made it:
-    one left lazy here, on the loading thread, fails on the engine thread ("There is no
-    Stream(cpu, N) in current thread"), as Spark's codec tables did."""
+def _module_arrays(prefix: str) -> list:
+    """The arrays mlx-audio's modules keep at module level (Granite's mel tables): made lazily on
+    the thread that imported them, they must be computed there too."""
     import sys
 
     import mlx.core as mx
-    import mlx.nn as nn
 
-    found, seen, todo = [], set(), [model]
-    todo += [m for name, m in list(sys.modules.items()) if name.startswith("mlx_audio.") and m is not None]
-    while todo:
-        obj = todo.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, mx.array):
-            found.append(obj)
-        elif isinstance(obj, (list, tuple, set)):
-            todo.extend(obj)
-        elif isinstance(obj, dict):
-            todo.extend(obj.values())
-            if isinstance(obj, nn.Module):
-                todo.extend(vars(obj).values())
-        elif type(obj).__name__ == "module":
-            todo.extend(v for v in vars(obj).values() if isinstance(v, (mx.array, list, tuple, dict)))
-        elif (type(obj).__module__ or "").startswith(("mlx_audio", "mlx_lm", "mlx_vlm", "mlx.nn")) \
-                and hasattr(obj, "__dict__"):
-            todo.extend(vars(obj).values())
-    return found
+    return [v for name, m in list(sys.modules.items()) if name.startswith(prefix) and m is not None
+            for v in vars(m).values() if isinstance(v, (mx.array, list, tuple, dict))]
 
 
 def _espeak() -> None:
@@ -152,7 +129,11 @@ def load_audio(spec, source: str, kind: str, started: float) -> LoadedModel:
         model = load_model(Path(source))
     except Exception as e:  # the library's own words: a missing asset, a family it cannot build
         raise ModelLoadError(f"{source}: mlx-audio cannot load it: {type(e).__name__}: {e}") from None
-    mx.eval(_every_array(model))
+    # Every array it holds, the codecs' and tables' kept as plain attributes too (Spark's), and
+    # mlx-audio's module-level ones: one left lazy here fails on the engine thread ("There is no
+    # Stream(cpu, N) in current thread").
+    materialize(model)
+    evaluate(_module_arrays("mlx_audio."))
     mx.clear_cache()
     config = _config(Path(source)) or {}
     parts = AudioParts(kind=kind, family=_family(model), sample_rate=_sample_rate(model, kind))

@@ -140,7 +140,10 @@ def _keep(text: str) -> str:
 
 def materialize(model) -> None:
     """Evaluate every array the model holds, private ones (rope tables) included."""
-    evaluate([(dict(module), list(vars(module).values())) for module in model.modules()])
+    # dict.values, not the module's own keys(): a family may name a child or a method "keys"; and only
+    # what is a module (Qwen3-TTS's speech tokenizer lists a function among its modules).
+    evaluate([(list(dict.values(module)), list(vars(module).values())) for module in model.modules()
+              if issubclass(type(module), dict)])
 
 
 def evaluate(value) -> None:
@@ -159,8 +162,15 @@ def evaluate(value) -> None:
 
 def _collect(value, arrays: list, seen: set) -> None:
     import mlx.core as mx
+    import mlx.nn as nn
 
-    if isinstance(value, mx.array):
+    if issubclass(type(value), nn.Module):
+        # A module held as a plain attribute, outside model.modules() (Spark's codec): its own
+        # arrays and attributes, walked once.
+        if id(value) not in seen:
+            seen.add(id(value))
+            _collect([list(dict.values(value)), list(vars(value).values())], arrays, seen)
+    elif isinstance(value, mx.array):
         arrays.append(value)
     elif isinstance(value, (list, tuple)):
         for v in value:
@@ -182,5 +192,5 @@ def _model_helper(value) -> bool:
     import mlx.nn as nn
 
     owner = type(value).__module__.split(".")[0]
-    return owner in ("mlx_lm", "mlx_vlm", "mlx_embeddings") and hasattr(value, "__dict__") \
+    return owner in ("mlx_lm", "mlx_vlm", "mlx_embeddings", "mlx_audio") and hasattr(value, "__dict__") \
         and not isinstance(value, nn.Module)

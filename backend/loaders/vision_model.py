@@ -18,7 +18,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -152,6 +152,8 @@ class VisionParts:
     takes_video: bool = False
     takes_audio: bool = False
     video_block: str = ""  # the text that stands for one video in a raw prompt
+    audio_block: str = ""  # the text that stands for one audio clip in a raw prompt
+    audio_token_id: Optional[int] = None  # the token the processor expands for each clip
     extra: Dict[str, Any] = field(default_factory=dict)  # frame sampling for videos (fps, max_frames)
     batch_obstacle: Optional[str] = None  # why the vision batch cannot give mlx-vlm's text (see batch_obstacle)
     fresh: Any = None  # fresh_state.FreshState: the modules' own state as loaded, for the solo lane
@@ -162,6 +164,38 @@ class VisionParts:
         """The model type mlx-vlm's own generation formats and tokenizes prompts by: its model's
         config's, which a family wrapping another architecture rewrites (IndicOCR's is Qwen 3.5's)."""
         return getattr(self.vlm.config, "model_type", None) or self.model_type
+
+
+AUDIO_TOKENS = ("audio_token_id", "audio_token_index", "sound_context_token_id")
+
+
+def _audio_input(vlm, processor, tokenizer) -> Tuple[Optional[int], str]:
+    """(the audio token id, the text of one clip in a raw prompt) when this model takes audio here
+    as mlx-vlm's own generation gives it (its processor takes `audio`/`audios` and names an audio
+    token, and the model kept an audio tower with weights: mlx-vlm disables one a checkpoint has
+    no weights for), else (None, "")."""
+    import inspect
+
+    from mlx.utils import tree_flatten
+
+    try:
+        params = inspect.signature(processor.__call__).parameters
+    except (TypeError, ValueError):
+        return None, ""
+    if not {"audio", "audios"} & set(params):
+        return None, ""
+    cfg = vlm.config
+    configs = [cfg] + [v for v in vars(cfg).values() if hasattr(v, "__dict__") and not isinstance(v, type)]
+    token = next((t for c in configs for t in (getattr(c, n, None) for n in AUDIO_TOKENS) if isinstance(t, int)),
+                 getattr(processor, "audio_token_id", None))
+    if not isinstance(token, int):
+        return None, ""
+    holders = [vlm] + [vlm[n] for n in ("thinker", "model") if n in vlm]
+    towers = [h[n] for h in holders for n in h.keys() if "audio" in n or "sound" in n]
+    if not any(hasattr(t, "parameters") and tree_flatten(t.parameters()) for t in towers):
+        return None, ""
+    block = getattr(processor, "audio_token", None) or tokenizer.decode([token])
+    return token, block
 
 
 def each_array(value, make):
@@ -282,7 +316,7 @@ def load_vision(spec, source: str, started: float):
     from mlx_vlm.utils import load as vlm_load
 
     from loaders.fresh_state import FreshState
-    from loaders.loaded import LoadedModel, ModelLoadError, materialize
+    from loaders.loaded import LoadedModel, ModelLoadError, evaluate, materialize
     from loaders.vision_probe import (MEDIA_TOKENS, batch_obstacle, embedded_test_image, media_tokens,
                                       placed_token_ids, text_alone_fails, token_config, whole_model_steps)
 
@@ -298,6 +332,9 @@ def load_vision(spec, source: str, started: float):
         raise ModelLoadError(f"{source}: the vision model did not load through mlx-vlm: "
                              f"{type(e).__name__}: {e}") from None
     materialize(vlm)
+    # The processor's own arrays too (Inkling's audio feature extractor keeps its window and mel
+    # filters as lazy MLX arrays): computed here, or a preparation thread fails on them.
+    evaluate(processor)
     fresh = FreshState(vlm)  # before the test image below runs the embedding step, which may set some
     cfg = token_config(vlm.config)
     media_ids = sorted({i for i in (getattr(cfg, name, None) for name in MEDIA_TOKENS) if isinstance(i, int)})
@@ -313,6 +350,8 @@ def load_vision(spec, source: str, started: float):
     if parts.takes_video:
         parts.video_block = parts.image_block.replace(
             getattr(processor, "image_token", "<image>"), getattr(processor, "video_token", "<video>"))
+    parts.audio_token_id, parts.audio_block = _audio_input(vlm, processor, tokenizer)
+    parts.takes_audio = parts.audio_token_id is not None
     # First: the test image's embedding step then leaves on the model what it did before this check.
     parts.needs_image = text_alone_fails(parts, tokenizer)
     try:
@@ -322,6 +361,8 @@ def load_vision(spec, source: str, started: float):
     parts.media_token_ids = media_tokens(parts.media_token_ids, np.array(ids).reshape(-1).tolist(),
                                          lambda: placed_token_ids(vlm, ids, features),
                                          video_id if parts.takes_video else None)
+    if parts.takes_audio:  # a clip's tokens are keyed by its content in the prefix cache, as an image's
+        parts.media_token_ids = sorted(set(parts.media_token_ids) | {parts.audio_token_id})
     # The lane choice sends such a family to the solo lane.
     parts.batch_obstacle = whole_model_steps(vlm) or batch_obstacle(ids, features)
     ctx = spec.context_size or int(config.get("max_position_embeddings")

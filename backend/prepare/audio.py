@@ -61,7 +61,7 @@ def _read_from_kwargs(model_type: type) -> frozenset:
 # ---- speech to text ------------------------------------------------------------------------
 
 
-def _probe(path: str) -> Tuple[float, str]:
+def probe(path: str, field: str = "dst") -> Tuple[float, str]:
     """(seconds, how it was read) of an audio file. Its first 50 ms are decoded by mlx-audio's own
     reader, which picks the decoder as the model's generation will (miniaudio for WAV, MP3,
     FLAC; ffmpeg for M4A, Ogg, Opus, WebM...): a file it cannot decode is refused here with the
@@ -70,26 +70,32 @@ def _probe(path: str) -> Tuple[float, str]:
     import miniaudio
     from mlx_audio.audio_io import read
 
-    name = os.path.basename(path)
+    name = os.path.basename(path) if field == "dst" else "it"
     try:
         read(path, dtype="float32", duration=0.05)
     except Exception as e:  # miniaudio's DecodeError, ffmpeg's absence or refusal: the library's words
         why = " ".join(str(e).split()) or type(e).__name__
         if "ffmpeg" in why.lower() and shutil.which("ffmpeg") is None:
-            raise OptionError(f"dst: {name} is in a container mlx-audio decodes with ffmpeg (M4A, Ogg, Opus, "
+            raise OptionError(f"{field}: {name} is in a container mlx-audio decodes with ffmpeg (M4A, Ogg, Opus, "
                               "WebM...), and ffmpeg is not installed here; WAV, MP3 and FLAC need nothing") from None
-        raise OptionError(f"dst: {name} is not audio mlx-audio can decode ({type(e).__name__}: {why[:300]})") from None
-    try:
-        info = miniaudio.get_file_info(path)
-        return info.duration, info.file_format.name.lower()
-    except Exception:  # not one of miniaudio's formats: ffmpeg read it above, ffprobe measures it
-        pass
-    done = subprocess.run([shutil.which("ffprobe") or "ffprobe", "-v", "error", "-show_entries", "format=duration",
+        raise OptionError(f"{field}: {name} is not audio mlx-audio can decode ({type(e).__name__}: {why[:300]})") from None
+    # By its bytes, not its name (a request's clip is a file without an extension).
+    for header in (miniaudio.wav_get_file_info, miniaudio.flac_get_file_info, miniaudio.mp3_get_file_info,
+                   miniaudio.vorbis_get_file_info):
+        try:
+            info = header(path)
+            return info.duration, info.file_format.name.lower()
+        except Exception:  # not this format
+            continue
+    ffprobe = shutil.which("ffprobe")  # not one of miniaudio's formats: ffmpeg read it above
+    if ffprobe is None:
+        raise OptionError(f"{field}: the length of {name} cannot be read without ffprobe (ffmpeg)")
+    done = subprocess.run([ffprobe, "-v", "error", "-show_entries", "format=duration",
                            "-of", "csv=p=0", path], capture_output=True, text=True, timeout=FFPROBE_S)
     try:
         return float(done.stdout.strip()), "ffmpeg"
     except ValueError:
-        raise OptionError(f"dst: the length of {name} cannot be read ({done.stderr.strip()[:200]})") from None
+        raise OptionError(f"{field}: the length of {name} cannot be read ({done.stderr.strip()[:200]})") from None
 
 
 def transcription_job(lm, req) -> AudioJob:
@@ -109,7 +115,7 @@ def transcription_job(lm, req) -> AudioJob:
     if st.st_size > options.audio_max_bytes:
         raise EngineError("RESOURCE_EXHAUSTED", f"dst: {st.st_size} bytes; at most {options.audio_max_bytes} "
                           "(option audio_max_bytes)")
-    seconds, read_as = _probe(path)
+    seconds, read_as = probe(path)
     if not seconds > 0:
         raise OptionError(f"dst: {os.path.basename(path)} holds no audio (0 seconds)")
     if seconds > options.audio_max_seconds:

@@ -117,9 +117,44 @@ def _check_videos_decode(paths: List[str]) -> None:
             raise OptionError(f"Videos[{i}]: not a decodable video")
 
 
-def _raw_prompt(parts, text: str, image_hashes: List[int], video_hashes: List[int]) -> Tuple[str, List[int]]:
+def _open_audios(lm, spec: RequestSpec, folder: str) -> Tuple[List[str], List[int]]:
+    """Each clip's bytes in a file of `folder` (mlx-vlm's loader reads files at its processor's
+    rate), checked to be audio mlx-audio decodes and within the model's audio_max_seconds."""
+    from .audio import probe
+
+    paths, hashes = [], []
+    for i, item in enumerate(spec.audios):
+        field_name = f"Audios[{i}]"
+        raw = b64_bytes(field_name, item)
+        path = os.path.join(folder, f"audio{i}")
+        with open(path, "wb") as f:
+            f.write(raw)
+        seconds, _ = probe(path, field_name)
+        bound = lm.options.audio_max_seconds
+        if seconds > bound:
+            raise EngineError("RESOURCE_EXHAUSTED", f"{field_name}: {seconds:.1f} seconds of audio; at most {bound:g} "
+                              "(option audio_max_seconds)")
+        paths.append(path)
+        hashes.append(content_hash(raw))
+    return paths, hashes
+
+
+def _raw_prompt(parts, text: str, image_hashes: List[int], video_hashes: List[int],
+                audio_hashes: List[int] = ()) -> Tuple[str, List[int]]:
     """Each marker becomes its item's placeholder; the counts must match the items'.
-    Returns the prompt and the items' hashes in prompt order."""
+    Returns the prompt and the items' hashes in prompt order. The host's one marker stands for
+    images and audio alike: a raw prompt holds one kind or the other."""
+    if audio_hashes:
+        if image_hashes:
+            raise OptionError("Prompt: images and audio in one raw prompt share the one media marker "
+                              f"{MEDIA_MARKER!r}, which cannot say which is which: send Messages instead")
+        count = text.count(MEDIA_MARKER)
+        if count != len(audio_hashes):
+            raise OptionError(f"Prompt: {count} media marker(s) {MEDIA_MARKER!r} for {len(audio_hashes)} "
+                              "item(s) in Audios")
+        text = text.replace(MEDIA_MARKER, parts.audio_block)
+        text, _ = _raw_prompt(parts, text, [], video_hashes)
+        return text, list(audio_hashes) + list(video_hashes)
     found = [(m.start(), "image") for m in re.finditer(re.escape(MEDIA_MARKER), text)]
     found += [(m.start(), "video") for m in re.finditer(VIDEO_MARKER, text)]
     for kind, name, hashes, marker in (("image", "Images", image_hashes, MEDIA_MARKER),
@@ -134,7 +169,7 @@ def _raw_prompt(parts, text: str, image_hashes: List[int], video_hashes: List[in
 
 
 def _chat_prompt(lm, spec: RequestSpec, tools, images: int, videos: List[str],
-                 template_kwargs: Dict[str, Any]) -> str:
+                 template_kwargs: Dict[str, Any], audios: int = 0) -> str:
     """mlx-vlm's chat templating places the images; videos go before the text of the same
     (last) user message, as its video formatting does."""
     from mlx_vlm.prompt_utils import apply_chat_template, get_chat_template
@@ -147,7 +182,8 @@ def _chat_prompt(lm, spec: RequestSpec, tools, images: int, videos: List[str],
         # The model's config, as mlx-vlm's generation passes it, not config.json's: a family wrapping
         # another architecture is formatted as that one (config.json's type has no image format).
         messages = apply_chat_template(processor, lm.vision.vlm.config, spec.chat_messages(),
-                                       add_generation_prompt=True, return_messages=True, num_images=images)
+                                       add_generation_prompt=True, return_messages=True, num_images=images,
+                                       num_audios=audios)
         if any(isinstance(m, str) for m in messages):
             # A family prompted without a chat (PaliGemma): mlx-vlm's formatting makes each message
             # its prompt text, and the prompt is the last one, as its own templating returns it.
@@ -177,18 +213,19 @@ def _add_videos(messages: List[Dict[str, Any]], paths: List[str]) -> None:
     last["content"] = media + [{"type": "video", "video": path} for path in paths] + text
 
 
-def _expand(lm, text: str, images: list, videos: List[str]) -> Tuple[List[int], Dict[str, np.ndarray]]:
+def _expand(lm, text: str, images: list, videos: List[str],
+            audios: List[str] = ()) -> Tuple[List[int], Dict[str, np.ndarray]]:
     from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
 
     parts = lm.vision
     try:
         inputs = prepare_inputs(
-            parts.processor, images=images or None, videos=videos or None, prompts=text,
+            parts.processor, images=images or None, videos=videos or None, audio=list(audios) or None, prompts=text,
             image_token_index=getattr(parts.vlm.config, "image_token_index", None),
             add_special_tokens=should_add_special_tokens(parts.prompt_type, parts.processor),
             **(parts.extra if videos else {}))
     except Exception as e:  # the processor refused these items (size, shape, frame count)
-        name = "Videos" if videos else "Images"
+        name = "Audios" if audios and not (images or videos) else "Videos" if videos else "Images"
         raise OptionError(f"{name}: the model's processor refused them: {type(e).__name__}: {e}") from None
     # Everything else the processor made, as mlx-vlm's generation hands it to the model: the attention mask
     # (PaliGemma's and Gemma 3's embedding steps build a 4-D mask from it), and values that are not arrays
@@ -210,6 +247,19 @@ def _check_placed(parts, ids: List[int], arrays: Dict[str, np.ndarray]) -> None:
     raise OptionError("Images: the prompt has no place for them (the chat template rendered none)")
 
 
+def _in_prompt_order(ids: List[int], parts, visual: List[int], audio: List[int]) -> List[int]:
+    """The items' hashes in the order their runs of tokens stand in the prompt (an audio run is
+    one of the audio token; any other run of media tokens is the next image or video)."""
+    media = set(parts.media_token_ids)
+    visual_it, audio_it, out, prev = iter(visual), iter(audio), [], None
+    for t in ids:
+        if t in media and t != prev:
+            source = audio_it if t == parts.audio_token_id else visual_it
+            out.append(next(source, 0))
+        prev = t if t in media else None
+    return out
+
+
 def vision_prompt(lm, opts, tools, template_kwargs) -> Optional[Tuple[str, List[int], VisionInputs]]:
     """(prompt text, expanded token ids, media) of a request with media; None when it has none.
     `opts`: the request's spec (spec.read), or its PredictOptions."""
@@ -225,18 +275,24 @@ def vision_prompt(lm, opts, tools, template_kwargs) -> Optional[Tuple[str, List[
     _refuse_kinds(parts, spec)
     _check_before_decoding(parts, spec)
     opened, hashes, extents = _open_images(spec)
-    with tempfile.TemporaryDirectory(prefix="mlx-video-") as folder:
+    with tempfile.TemporaryDirectory(prefix="mlx-media-") as folder:
         videos, video_hashes, video_extents = _open_videos(parts, spec, folder)
+        audios, audio_hashes = _open_audios(lm, spec, folder)
         _within_budget(media_bounds.check_pixels, parts.bounds, extents + video_extents)
         images = [decode_image(f"Images[{i}]", img) for i, img in enumerate(opened)]
         _check_videos_decode(videos)
         if use_template:
-            text = _chat_prompt(lm, spec, tools, len(images), videos, template_kwargs)
+            text = _chat_prompt(lm, spec, tools, len(images), videos, template_kwargs, len(audios))
             hashes += video_hashes  # the order they take in the rendered message
         else:
-            text, hashes = _raw_prompt(parts, spec.prompt, hashes, video_hashes)
-        ids, arrays = _expand(lm, text, images, videos)
+            text, hashes = _raw_prompt(parts, spec.prompt, hashes, video_hashes, audio_hashes)
+        ids, arrays = _expand(lm, text, images, videos, audios)
     if images or videos:
         _check_placed(parts, ids, arrays)
+    if audios:
+        if parts.audio_token_id not in ids:
+            raise OptionError("Audios: the prompt has no place for them (the chat template rendered none)")
+        if use_template:  # each run of media tokens keyed by its own item, in the order they stand
+            hashes = _in_prompt_order(ids, parts, hashes, audio_hashes)
     return text, ids, VisionInputs(arrays=arrays, key=keyed_tokens(ids, parts.media_token_ids, hashes),
                                    items=len(hashes))

@@ -257,3 +257,42 @@ def test_a_cancelled_transcription_leaves_and_the_next_is_served(host, world):
     assert status["audio_jobs_running"] == 0
     want = world["oracle"].answer(0)["outputs"][0]
     assert same_transcript(transcribe(host, world["files"]["wav"]), want)
+
+
+# ---- audio in a chat, for an omni model -----------------------------------------------------
+
+
+def test_audio_in_a_chat_is_placed_bounded_and_refused_where_it_cannot_go(host, world, tmp_path):
+    from zoo import vision_builder
+    from vision_fixture import image_b64, tiny_qwen2_vl
+
+    omni = vision_builder.build("qwen3_omni_moe")
+    loaded = host.LoadModel(backend_pb2.ModelOptions(Model=omni, Options=["audio_max_seconds:10"]), timeout=300)
+    assert loaded.success, loaded.message
+    wav = base64.b64encode(open(world["files"]["wav"], "rb").read()).decode()
+    mp3 = base64.b64encode(open(world["files"]["mp3"], "rb").read()).decode()
+    meta = host.ModelMetadata(backend_pb2.ModelOptions(), timeout=30)
+
+    def ask(**fields):
+        fields.setdefault("Tokens", 4)
+        return host.Predict(backend_pb2.PredictOptions(**fields), timeout=300)
+
+    chat_turn = [backend_pb2.Message(role="user", content="What do you hear?")]
+    for clip_b64 in (wav, mp3):
+        assert ask(Messages=chat_turn, UseTokenizerTemplate=True, Audios=[clip_b64]).tokens > 0
+    # A raw prompt: the host's marker for each clip.
+    assert ask(Prompt=f"Listen: {meta.media_marker} What is it?", Audios=[wav]).tokens > 0
+    assert "marker" in refused(INVALID, lambda: ask(Prompt="No marker here.", Audios=[wav]))
+    assert "which is which" in refused(INVALID, lambda: ask(
+        Prompt=f"{meta.media_marker} and {meta.media_marker}", Audios=[wav], Images=[image_b64(1)]))
+    not_audio = base64.b64encode(b"plain text, not a sound").decode()
+    assert "not audio" in refused(INVALID, lambda: ask(Messages=chat_turn, UseTokenizerTemplate=True,
+                                                        Audios=[not_audio]))
+    long = base64.b64encode(open(world["files"]["long"], "rb").read()).decode()
+    assert "audio_max_seconds" in refused(EXHAUSTED, lambda: ask(Messages=chat_turn, UseTokenizerTemplate=True,
+                                                                  Audios=[long]))
+    assert ask(Messages=chat_turn, UseTokenizerTemplate=True, Audios=[wav]).tokens > 0
+    loaded = host.LoadModel(backend_pb2.ModelOptions(Model=tiny_qwen2_vl()), timeout=300)
+    assert loaded.success, loaded.message
+    assert "does not take audio" in refused(INVALID, lambda: ask(Messages=chat_turn, UseTokenizerTemplate=True,
+                                                                  Audios=[wav]))

@@ -14,8 +14,8 @@ them (audio_oracle.py), each family's answer read as soon as it is computed. Per
 - vad: each of two clips' samples gives the library's segments; both at once the same.
 A family whose own generation fails here must be refused at LoadModel or fail its requests
 with the library's words. The results go to audio.json (in $ZOO_RESULTS_DIR, else zoo/ in
-this run's temporary folder), written even when cases fail. `FAMILIES=kind:family,...` runs
-only those.
+this run's temporary folder), written even when cases fail. `FAMILIES=family,kind:family,...`
+runs only those.
 """
 
 import base64
@@ -37,8 +37,9 @@ from zoo.audio.families import KINDS, audio_families, reason, recipes
 pytestmark = pytest.mark.e2e
 
 ALL = [(k, f) for k in KINDS for f in audio_families(k)]
-NAMED = [tuple(x.split(":")) for x in os.environ.get("FAMILIES", "").split(",") if ":" in x]
-WANTED = NAMED or ALL
+# FAMILIES=whisper,tts:kokoro: by name (of any kind) or kind:name; set without an audio family, none of them.
+NAMED = {x.strip() for x in os.environ.get("FAMILIES", "").split(",") if x.strip()}
+WANTED = [(k, f) for k, f in ALL if f in NAMED or f"{k}:{f}" in NAMED] if NAMED else ALL
 NS = 1_000_000_000
 PCM_STEP = 1.0 / 32767.0
 # Families whose segment times are not times in the audio (they report the wall time their

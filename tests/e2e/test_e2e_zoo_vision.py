@@ -19,6 +19,7 @@ Beside them: a folder whose processor cannot see images (mlx-vlm's bare-tokenize
 is refused at load.
 """
 
+import base64
 import json
 import os
 import re
@@ -27,6 +28,7 @@ import shutil
 import grpc
 import pytest
 
+from audio_clips import clip, wav_bytes
 from common.launcher import Backend, backend_pb2, chat
 from conftest import completion_line, run_threads
 from vision_fixture import image_b64, video_b64
@@ -41,6 +43,11 @@ QUESTION = "Describe this."
 N = 12
 PICTURES = [(1, 160, 120), (2, 96, 128)]  # (seed, width, height): two sizes, two prompt lengths
 VIDEO = 3
+CLIPS = [(1, 2.0), (2, 3.0)]  # (seed, seconds) of audio_clips.clip: two lengths, two prompt lengths
+# Families whose tiny model takes audio as mlx-vlm's generation gives it (an audio tower with weights, a
+# template that renders the clip), asked about a clip too. The other omni families' recipes build no audio
+# path yet (docs/audio.md says which, and what each would need).
+AUDIO_FAMILIES = {"qwen3_omni_moe", "inkling", "gemma4_unified"}
 ALL = vision_families()
 # Cache kinds whose prefix the vision batch reuses: a cache it can cut back. A window that
 # wrapped or a recurrent state (no boundary snapshots in the vision batch yet) and the solo lane
@@ -65,7 +72,8 @@ def server(log_dir):
 def zoo(server, tmp_path_factory):
     """{family: its model directory} for the families built here, and the oracle's answers."""
     paths = {f: vision_builder.build(f) for f in WANTED if built_here(f, NAMED)}
-    oracle = start([job(p, QUESTION, PICTURES, N, video=VIDEO) for p in paths.values()])
+    oracle = start([job(p, QUESTION, PICTURES, N, video=VIDEO, audio=CLIPS if f in AUDIO_FAMILIES else ())
+                    for f, p in paths.items()])
     # Beside the text matrix's text.json: the one folder the families document is made from.
     folder = os.environ.get("ZOO_RESULTS_DIR") or str(tmp_path_factory.getbasetemp() / "zoo")
     results = Results(os.path.join(folder, "vision.json"))
@@ -165,6 +173,24 @@ def test_vision_family_serves_the_library_output(backend, zoo, family):
     record.check("images", record.checks["alone"] and bool(record.checks["batched"]))
     if want["video"] is not None:  # the library puts the clip in this family's prompt
         checked(record, "video", video)
+    if family in AUDIO_FAMILIES:
+        assert want.get("audio_error") is None, want["audio_error"]
+        heard = want["audio"]
+        assert heard[0] != heard[1], f"{family}: the two clips should give different text"
+
+        def hear(i, **fields):
+            seed, seconds = CLIPS[i]
+            wav = base64.b64encode(wav_bytes(clip(seed, seconds))).decode()
+            return chat(QUESTION, Audios=[wav], Logprobs=1, Tokens=N, Temperature=0.0, **fields)
+
+        def audio():
+            seen["audio"] = [ids(stub.Predict(hear(i), timeout=300)) for i in range(2)]
+            together = run_threads([lambda i=i: stub.Predict(hear(i), timeout=300) for i in range(2)])
+            seen["audio_together"] = [r if isinstance(r, Exception) else ids(r) for r in together]
+            return (all(agrees(a, w) for a, w in zip(seen["audio"], heard))
+                    and seen["audio_together"] == seen["audio"]
+                    and streamed(stub, hear(0)) == seen["audio"][0])
+        checked(record, "audio", audio)
     failed = [name for name, ok in record.checks.items() if ok is False]
     record.checks.pop("repeat", None)
     assert not failed, f"{family}: {failed} {record.reason} served {seen} library {want}"

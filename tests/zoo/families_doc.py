@@ -40,7 +40,9 @@ that extends an earlier one is exact when served from the prefix cache (plain KV
 the whole shared prompt; a window that wrapped or a recurrent state restores the snapshot one
 token short of it, see [Boundary snapshots](prefix-cache.md#boundary-snapshots)).
 **speculation**: exact with speculative decoding asked for (Metadata `speculation`).
-**Score**: equals the forward pass. yes / **no** / – (not applicable or not run).
+**Score**: equals the forward pass. **audio** (omni families): a question about each of two clips
+(`Audios`) gives mlx-vlm's own tokens, alone, both at once and streamed. yes / **no** / – (not
+applicable or not run).
 """
 
 REFUSALS = """\
@@ -53,7 +55,7 @@ of the matrix (see [LoRA adapters and quantized KV cache](lora-and-kv-cache.md))
 TEXT_COLUMNS = [("alone", "alone"), ("batched", "at once (3)"), ("stream", "stream"), ("prefix", "prefix"),
                 ("speculation", "speculation"), ("score", "Score")]
 VISION_COLUMNS = [("alone", "alone"), ("batched", "at once (2)"), ("stream", "stream"), ("prefix", "prefix"),
-                  ("images", "images"), ("video", "video")]
+                  ("images", "images"), ("video", "video"), ("audio", "audio")]
 
 
 AUDIO_COLUMNS = [("alone", "alone"), ("together", "at once (2)"), ("stream", "stream")]
@@ -174,10 +176,8 @@ def render(text: dict, vision: dict = None, audio: dict = None) -> str:
 def splice_audio(page: str, audio: dict) -> str:
     """`page` with its audio section (made anew or in place) from `audio`, the rest as it was."""
     section = "\n".join(audio_section(audio))
-    start = page.find("## Audio families")
+    start = page.find("\n## Audio families") + 1 or page.find("## Refused families")
     end = page.find("## Refused families")
-    if start < 0:
-        start = end
     return page[:start] + section + "\n" + page[end:]
 
 

@@ -111,7 +111,7 @@ def _add(family: str, recipe: Recipe) -> None:
     RECIPES[family] = recipe
 
 
-def _turns(turn: str, image: str, end: str, answer: str, start: str = "", video: str = "") -> str:
+def _turns(turn: str, image: str, end: str, answer: str, start: str = "", video: str = "", audio: str = "") -> str:
     """A chat template written for these tests: `start`, each turn `turn` (the role in it), images
-    as `image`, videos as `video`, then `end`; the generation prompt `answer`."""
-    return start + turn_template(turn, image, end, answer, video)
+    as `image`, videos as `video`, audio clips as `audio`, then `end`; the generation prompt `answer`."""
+    return start + turn_template(turn, image, end, answer, video, audio)

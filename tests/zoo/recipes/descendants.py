@@ -12,6 +12,11 @@ from zoo.vision_shrink import WIDTH, shrink
 # also loads Whisper's feature extractor and names its media tokens on the tokenizer.
 
 OMNI_SPECIALS = SPECIALS + ["<|audio_start|>", "<|audio_end|>", "<|audio_pad|>"]
+# The Qwen-VL template with a clip as Qwen3-Omni writes one (its audio tokens between their markers).
+OMNI_TEMPLATE = CHAT_TEMPLATE.replace(
+    "{% elif part['type'] == 'text' %}",
+    "{% elif part['type'] == 'audio' %}{{ '<|audio_start|><|audio_pad|><|audio_end|>' }}"
+    "{% elif part['type'] == 'text' %}")
 _OMNI_AUDIO = {"d_model": WIDTH, "encoder_layers": 1, "num_hidden_layers": 1, "encoder_attention_heads": 2,
                "encoder_ffn_dim": 2 * WIDTH, "output_dim": WIDTH, "downsample_hidden_size": 16}
 
@@ -31,7 +36,7 @@ def _qwen3_omni_moe(m, ids, vocab):
 
 
 _add("qwen3_omni_moe", Recipe(
-    specials=OMNI_SPECIALS, eos="<|im_end|>", template=CHAT_TEMPLATE, config=_qwen3_omni_moe,
+    specials=OMNI_SPECIALS, eos="<|im_end|>", template=OMNI_TEMPLATE, config=_qwen3_omni_moe,
     tokenizer_config={"extra_special_tokens": {
         "image_token": "<|image_pad|>", "video_token": "<|video_pad|>", "audio_token": "<|audio_pad|>",
         "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>",

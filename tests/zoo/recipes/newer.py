@@ -5,7 +5,7 @@ cohere_compass, muse_glimmer.
 from dataclasses import replace
 
 from zoo.recipes.base import RECIPES, Recipe, _add, _turns
-from zoo.recipes.single_run import GLM_SPECIALS, GLM_TEMPLATE, _gemma4, _glm_eos
+from zoo.recipes.single_run import GEMMA4_TURN, GLM_SPECIALS, GLM_TEMPLATE, _gemma4, _glm_eos
 from zoo.recipes.tiled import AYA_SPECIALS
 from zoo.vision_shrink import WIDTH, shrink
 
@@ -25,7 +25,12 @@ def _gemma4_unified(m, ids, vocab):
     return {**config, "model_type": "gemma4_unified", "vision_config": vision, "vision_soft_tokens_per_image": 280}
 
 
-_add("gemma4_unified", replace(RECIPES["gemma4"], config=_gemma4_unified,
+# No audio tower either: a clip's frames are projected straight into the text (embed_audio), so its
+# template renders a clip too, and that projection is scaled up (at the recipe's 8, a 4 s clip barely
+# moved the text).
+_add("gemma4_unified", replace(RECIPES["gemma4"], config=_gemma4_unified, scaled={"embed_audio": 16.0},
+                               template=_turns(GEMMA4_TURN, "<|image|>", "<turn|>\\n", "<|turn>model\\n",
+                                               start="{{ bos_token }}", video="<|video|>", audio="<|audio|>"),
                                # 70 soft tokens a frame (the fewest its video processor allows), 48-pixel patches
                                files={"processor_config.json": {"video_processor": {
                                    "patch_size": 16, "pooling_kernel_size": 3, "max_soft_tokens": 70,

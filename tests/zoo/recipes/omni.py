@@ -87,6 +87,6 @@ def _inkling(m, ids, vocab):
 _add("inkling", Recipe(
     specials=INKLING_SPECIALS, eos="<|end|>", config=_inkling,
     template=_turns("{{ '<|' + message['role'] + '|>' }}", "<|content_image|><|image|>", "<|end|>",
-                    "<|assistant|>"),
+                    "<|assistant|>", audio="<|content_audio_input|><|audio|>"),
     files={"processor_config.json": {"image_token": "<|image|>", "image_bos_token": "<|content_image|>",
                                      "audio_token": "<|audio|>", "audio_bos_token": "<|content_audio_input|>"}}))

@@ -279,6 +279,7 @@ _add("internvl_chat", Recipe(specials=INTERN_SPECIALS, eos="<|im_end|>", templat
 
 # ---- Gemma 4: its own tower (pooled patches), per-layer inputs, a Gemma 4 text model
 
+GEMMA4_TURN = "{{ '<|turn>' + message['role'] + '\\n' }}"
 GEMMA4_SPECIALS = ["<pad>", "<eos>", "<bos>", "<turn|>", "<|turn>", "<|image>", "<image|>", "<|image|>", "<|audio>",
                    "<audio|>", "<|audio|>", "<|video|>"]
 
@@ -301,8 +302,8 @@ def _gemma4(m, ids, vocab):
 _add("gemma4", Recipe(
     specials=GEMMA4_SPECIALS, eos="<turn|>", config=_gemma4, named={"bos_token": "<bos>"}, scale=8.0,
     unscaled=("embed_tokens",),
-    template=_turns("{{ '<|turn>' + message['role'] + '\\n' }}", "<|image|>", "<turn|>\\n", "<|turn>model\\n",
-                    start="{{ bos_token }}", video="<|video|>"),
+    template=_turns(GEMMA4_TURN, "<|image|>", "<turn|>\\n", "<|turn>model\\n", start="{{ bos_token }}",
+                    video="<|video|>"),
     tokenizer_config={"extra_special_tokens": {"image_token": "<|image|>", "boi_token": "<|image>",
                                                "eoi_token": "<image|>", "audio_token": "<|audio|>",
                                                "boa_token": "<|audio>", "eoa_token": "<audio|>",
