@@ -154,6 +154,9 @@ class VisionParts:
     video_block: str = ""  # the text that stands for one video in a raw prompt
     audio_block: str = ""  # the text that stands for one audio clip in a raw prompt
     audio_token_id: Optional[int] = None  # the token the processor expands for each clip
+    # The image token ids, for a family whose reference attends both ways inside each image in
+    # its prefill (engine/lanes/image_blocks.py: Gemma 3); None for the causal rest.
+    both_ways: Optional[Tuple[int, ...]] = None
     extra: Dict[str, Any] = field(default_factory=dict)  # frame sampling for videos (fps, max_frames)
     batch_obstacle: Optional[str] = None  # why the vision batch cannot give mlx-vlm's text (see batch_obstacle)
     fresh: Any = None  # fresh_state.FreshState: the modules' own state as loaded, for the solo lane
@@ -167,6 +170,10 @@ class VisionParts:
 
 
 AUDIO_TOKENS = ("audio_token_id", "audio_token_index", "sound_context_token_id")
+
+# Families whose published reference prefills each image's tokens attending both ways (the
+# library's language model whose layers engine/lanes/image_blocks.py runs with those masks).
+BOTH_WAYS = {"gemma3": "mlx_vlm.models.gemma3.language"}
 
 
 def _audio_input(vlm, processor, tokenizer) -> Tuple[Optional[int], str]:
@@ -352,6 +359,9 @@ def load_vision(spec, source: str, started: float):
             getattr(processor, "image_token", "<image>"), getattr(processor, "video_token", "<video>"))
     parts.audio_token_id, parts.audio_block = _audio_input(vlm, processor, tokenizer)
     parts.takes_audio = parts.audio_token_id is not None
+    if BOTH_WAYS.get(parts.model_type) == type(vlm.language_model).__module__:
+        parts.both_ways = tuple(i for i in (getattr(cfg, n, None) for n in ("image_token_id", "image_token_index"))
+                                if isinstance(i, int))
     # First: the test image's embedding step then leaves on the model what it did before this check.
     parts.needs_image = text_alone_fails(parts, tokenizer)
     try:

@@ -45,6 +45,23 @@ token short of it, see [Boundary snapshots](prefix-cache.md#boundary-snapshots))
 applicable or not run).
 """
 
+GEMMA3 = """\
+### Gemma 3 vision
+
+Gemma 3 is served as its published reference computes it, not as mlx-vlm 0.7.10 does. The
+reference (transformers' Gemma3, token_type_ids) prefills each image's run of tokens as one
+bidirectional block inside causal text (a sliding layer keeps its window), and decodes
+causally. mlx-vlm builds a 4-D mask in its embedding step (the outer product of the
+processor's attention mask), but `generate_step` hands it to the language model as a keyword
+its `__call__` ignores, so its prefill is plainly causal (and that 4-D mask, honoured, would
+attend everywhere: MLX adds an integer mask to the scores). On the tiny gemma3, asked "Describe
+the image in one sentence." about picture 11, mlx-vlm's answer leaves the reference's at token
+10 (top-2 margins 0.218 causal, 0.021 reference); on the matrix's own pictures they agree.
+tests/e2e/test_e2e_gemma3_images.py checks the server against tests/gemma3_reference.py (the rule
+written pair by pair, over mlx-vlm's own layers) in the batch lane, the solo lane and chunked
+prefill, and records that case as the evidence.
+"""
+
 REFUSALS = """\
 A family that is refused at `LoadModel` gets `success=false` with the reason (the lists above
 say which and why); the server goes on serving. A family is meant to be refused only where
@@ -167,6 +184,7 @@ def render(text: dict, vision: dict = None, audio: dict = None) -> str:
         parts += _section("Vision families", vision, VISION_COLUMNS)
     else:
         parts += ["## Vision families", "", VISION_UNMATRIXED, ""]
+    parts += [GEMMA3]
     if audio:
         parts += audio_section(audio)
     parts += ["## Refused families", "", REFUSALS]
@@ -181,14 +199,23 @@ def splice_audio(page: str, audio: dict) -> str:
     return page[:start] + section + "\n" + page[end:]
 
 
+def splice_prose(page: str) -> str:
+    """`page` with the Gemma 3 section as this module writes it, placed before the audio section."""
+    start = page.find("### Gemma 3 vision")
+    if start >= 0:
+        page = page[:start] + page[page.find("\n## ", start) + 1:]
+    at = page.find("\n## Audio families") + 1 or page.find("## Refused families")
+    return page[:at] + GEMMA3 + "\n" + page[at:]
+
+
 def _load(path: Path):
     return json.loads(path.read_text()) if path.exists() else None
 
 
 def write(results_dir: Path, out: Path = DOC) -> Path:
     text, vision, audio = (_load(results_dir / f"{n}.json") for n in ("text", "vision", "audio"))
-    if text is None:  # the audio matrix alone: only its section changes
-        out.write_text(splice_audio(out.read_text(), audio))
+    if text is None:  # the audio matrix alone: only its section (and the prose) change
+        out.write_text(splice_prose(splice_audio(out.read_text(), audio)))
         return out
     out.write_text(render(text, vision, audio))
     return out

@@ -20,6 +20,7 @@ from typing import Any, Iterator, List, Tuple
 
 import mlx.core as mx
 
+from engine.lanes import image_blocks
 from engine.lanes.batch import Capabilities
 from engine.lanes.sampling import argmax
 from engine.lanes.solo import SoloBatch, _Run
@@ -46,10 +47,33 @@ class SoloVisionBatch(SoloBatch):
         # From the model's state as loaded, as the library's generation in a process of its own starts:
         # a family that keeps state on its modules between generations gives the same text in any order.
         self.lm.vision.fresh.restore()
+        parts = self.lm.vision
         arrays = engine_arrays(run.media)
         pixels = arrays.pop("pixel_values", None)
         ids = mx.array([run.prompt])
+        if parts.both_ways and run.media is not None and set(run.prompt) & set(parts.both_ways):
+            # The prompt but its last token prefilled here, each image attending both ways as the
+            # family's reference does (image_blocks.py); then the library's step takes the last token
+            # over that cache, as it does for a prompt whose prefix it holds.
+            self._prefill_both_ways(run, ids, pixels, arrays)
+            ids, pixels, arrays = ids[:, -1:], None, {}
         # An explicit sampler: left None, mlx-vlm would sample by the checkpoint's generation config.
         return generate_step(
-            ids, self.lm.vision.vlm, pixels, mx.ones(ids.shape, dtype=mx.int32), max_tokens=run.max_tokens,
+            ids, parts.vlm, pixels, mx.ones(ids.shape, dtype=mx.int32), max_tokens=run.max_tokens,
             sampler=run.sampler or argmax, logits_processors=run.processors, prompt_cache=run.cache, **arrays)
+
+    def _prefill_both_ways(self, run, ids, pixels, arrays) -> None:
+        parts = self.lm.vision
+        lm = parts.vlm.language_model
+        mask = arrays.pop("attention_mask", None)
+        embeds = parts.vlm.get_input_embeddings(ids, pixels, mask=mask, **arrays).inputs_embeds
+        block = image_blocks.blocks(run.prompt, parts.both_ways)
+        start, last = 0, len(run.prompt) - 1
+        while start < last:
+            end = min(image_blocks.chunk_end(block, start, self.prefill_step_size), last)
+            if image_blocks.has_images(block, start, end):
+                image_blocks.prefill(lm, embeds[:, start:end], run.cache, block, start, end)
+            else:
+                lm(ids[:, start:end], inputs_embeds=embeds[:, start:end], cache=run.cache)
+            mx.eval([c.state for c in run.cache])
+            start = end

@@ -34,6 +34,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import mlx.core as mx
 
+from engine.lanes import image_blocks
 from engine.lanes.batch import Capabilities
 from engine.lanes.sampling import SamplingParams
 from engine.lanes.text_batch import First, TextBatch, _argmax
@@ -65,6 +66,7 @@ class _Prefill:
     features: Dict[str, Any] = field(default_factory=dict)
     positions: Any = None
     delta: int = 0
+    blocks: Any = None  # image_blocks.blocks of the prompt, for a family that attends both ways in images
 
 
 def engine_arrays(media) -> Dict[str, Any]:
@@ -122,6 +124,8 @@ class VisionBatch(TextBatch):
             p.positions, deltas = lm.get_rope_index(ids, **{k: v for k, v in arrays.items() if k in wanted})
             p.delta = int(deltas.reshape(-1)[0].item()) if deltas is not None else 0
         media_ids = set(self.lm.vision.media_token_ids)
+        if self.lm.vision.both_ways:
+            p.blocks = image_blocks.blocks(p.prompt, self.lm.vision.both_ways)
         if p.media is not None and any(t in media_ids for t in p.prompt[p.at:]):
             pixels = arrays.pop("pixel_values", None)
             mask = arrays.pop("attention_mask", None)
@@ -141,6 +145,9 @@ class VisionBatch(TextBatch):
         lm = self.lm.model.lm
         n = len(p.prompt)
         start, end = p.at, min(p.at + self.prefill_step_size, n)
+        both_ways = p.blocks is not None and p.embeds is not None and image_blocks.has_images(p.blocks, start, n)
+        if both_ways:  # a chunk never ends inside an image (its queries must see the whole block)
+            end = image_blocks.chunk_end(p.blocks, start, self.prefill_step_size)
         kwargs = {}
         if p.embeds is not None:
             kwargs["inputs_embeds"] = p.embeds[:, start - p.embeds_from:end - p.embeds_from]
@@ -150,7 +157,10 @@ class VisionBatch(TextBatch):
             # is the last unless the first is the batch of one.
             seq = (slice(None), slice(start, end)) if p.positions.shape[0] == 1 else (..., slice(start, end))
             kwargs["position_ids"] = p.positions[seq]
-        out = run_layers(lm, mx.array([p.prompt[start:end]]), p.cache, **kwargs)
+        if both_ways and image_blocks.has_images(p.blocks, start, end):
+            out = image_blocks.prefill(lm, kwargs["inputs_embeds"], p.cache[:-1], p.blocks, start, end)
+        else:
+            out = run_layers(lm, mx.array([p.prompt[start:end]]), p.cache, **kwargs)
         p.at = end
         if end < n:
             mx.eval([c.state for c in p.cache[:-1]])
