@@ -10,8 +10,9 @@
   (d) voice activity: VAD on a clip's samples vs the model's `generate`
 
 Like for like: the raw side runs in this process while the server idles, the server's side
-while this process idles; the sides alternate which goes first; both sides give the same
-output (checked each round). The models are the audio matrix's (tests/zoo/audio/): Whisper
+while this process idles, both with the OpenBLAS the server preloads (this process re-execs
+itself with it, as the server does); the sides alternate which goes first; both sides give the
+same output (checked each round). The models are the audio matrix's (tests/zoo/audio/): Whisper
 (large-v3 layout, width 32), Kokoro (its decoder widths fixed in code: 57M parameters) and
 Silero VAD (its real weights). The server runs with its defaults.
 """
@@ -24,6 +25,7 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TQDM_DISABLE", "1")  # Whisper's progress bars, on both sides
 sys.path[:0] = [os.path.join(REPO, "backend"), REPO, os.path.join(REPO, "tests")]
 
 TEXT = ("Buenos días. El tren sale a las ocho y llega a la costa antes del mediodía, "
@@ -56,7 +58,8 @@ def raw_transcribe(model, path: str) -> str:
 
 def raw_speak(model, kwargs: dict) -> int:
     call = dict(text=TEXT, speed=1.0, lang_code="en", ref_audio=None, ref_text=None, verbose=False, stream=False,
-                streaming_interval=2.0, instruct=None, use_zero_spk_emb=False, **kwargs)
+                streaming_interval=2.0, instruct=None, use_zero_spk_emb=False)
+    call.update(kwargs)
     return sum(int(r.audio.size) for r in model.generate(**call))
 
 
@@ -72,6 +75,9 @@ def median_ratio(ours, raw) -> str:
 
 
 def main() -> None:
+    from common.openblas import maybe_reexec_with_openblas
+
+    maybe_reexec_with_openblas()  # the raw side computes with the BLAS the server computes with
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=60.0, help="length of the clip transcribed")
