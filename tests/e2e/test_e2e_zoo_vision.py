@@ -9,7 +9,10 @@ tokens; two requests at once, with pictures of different sizes (so prompts of di
 lengths share the batch), each give their alone answer; a stream gives the unary answer; the
 same request again (its prompt now cached) gives it once more ("prefix": and some of it came
 from the prefix cache where the cache kind allows); a video, where the library takes one for
-the family, gives the library's tokens. A family whose library generation fails here must be
+the family, gives the library's tokens; the library's answers to two pictures of one size
+differ ("matters": its image changes its answer, or no comparison here proves anything about
+the image path); an omni family (AUDIO_FAMILIES) asked about two clips gives the library's
+tokens alone, both at once and streamed. A family whose library generation fails here must be
 refused at LoadModel, in the library's words. Each family is one case; the results go to
 vision.json (in $ZOO_RESULTS_DIR, else zoo/ in this run's temporary folder), written even when
 cases fail. `FAMILIES=a,b` runs only those. In `make test`: every family built, a few
@@ -42,6 +45,9 @@ pytestmark = pytest.mark.e2e
 QUESTION = "Describe this."
 N = 12
 PICTURES = [(1, 160, 120), (2, 96, 128)]  # (seed, width, height): two sizes, two prompt lengths
+# Another picture of the first one's size: the same prompt length, so only the image can change the answer. The
+# library's answers to it and to the first must differ, or no comparison proves anything about the image path.
+SAME_SIZE = (3, 160, 120)
 VIDEO = 3
 CLIPS = [(1, 2.0), (2, 3.0)]  # (seed, seconds) of audio_clips.clip: two lengths, two prompt lengths
 # Families whose tiny model takes audio as mlx-vlm's generation gives it (an audio tower with weights, a
@@ -72,7 +78,7 @@ def server(log_dir):
 def zoo(server, tmp_path_factory):
     """{family: its model directory} for the families built here, and the oracle's answers."""
     paths = {f: vision_builder.build(f) for f in WANTED if built_here(f, NAMED)}
-    oracle = start([job(p, QUESTION, PICTURES, N, video=VIDEO, audio=CLIPS if f in AUDIO_FAMILIES else ())
+    oracle = start([job(p, QUESTION, PICTURES + [SAME_SIZE], N, video=VIDEO, audio=CLIPS if f in AUDIO_FAMILIES else ())
                     for f, p in paths.items()])
     # Beside the text matrix's text.json: the one folder the families document is made from.
     folder = os.environ.get("ZOO_RESULTS_DIR") or str(tmp_path_factory.getbasetemp() / "zoo")
@@ -133,6 +139,10 @@ def test_vision_family_serves_the_library_output(backend, zoo, family):
         assert backend.stub.Health(backend_pb2.HealthMessage(), timeout=30).message  # and it goes on serving
         return
     assert want["images"][0] != want["images"][1], f"{family}: the two pictures should give different text"
+    # Two pictures of one size: only the image differs, so the answers must (shaped so: zoo/vision_builder.py).
+    record.check("matters", want["images"][0] != want["images"][2])
+    if not record.checks["matters"]:
+        record.reason = "its image does not change its answer (two pictures of one size give the same text)"
     loaded = backend.load(paths[family])
     if not loaded.success:
         record.refused(loaded.message)

@@ -40,7 +40,10 @@ that extends an earlier one is exact when served from the prefix cache (plain KV
 the whole shared prompt; a window that wrapped or a recurrent state restores the snapshot one
 token short of it, see [Boundary snapshots](prefix-cache.md#boundary-snapshots)).
 **speculation**: exact with speculative decoding asked for (Metadata `speculation`).
-**Score**: equals the forward pass. **audio** (omni families): a question about each of two clips
+**Score**: equals the forward pass. **image matters**: two pictures of one size (one prompt length)
+give the library two different answers, so the comparison above proves something about the
+image path (the tiny models are shaped so; one whose image did not matter would fail the
+matrix). **audio** (omni families): a question about each of two clips
 (`Audios`) gives mlx-vlm's own tokens, alone, both at once and streamed. yes / **no** / – (not
 applicable or not run).
 """
@@ -72,7 +75,7 @@ of the matrix (see [LoRA adapters and quantized KV cache](lora-and-kv-cache.md))
 TEXT_COLUMNS = [("alone", "alone"), ("batched", "at once (3)"), ("stream", "stream"), ("prefix", "prefix"),
                 ("speculation", "speculation"), ("score", "Score")]
 VISION_COLUMNS = [("alone", "alone"), ("batched", "at once (2)"), ("stream", "stream"), ("prefix", "prefix"),
-                  ("images", "images"), ("video", "video"), ("audio", "audio")]
+                  ("images", "images"), ("matters", "image matters"), ("video", "video"), ("audio", "audio")]
 
 
 AUDIO_COLUMNS = [("alone", "alone"), ("together", "at once (2)"), ("stream", "stream")]

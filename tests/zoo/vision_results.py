@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-CHECKS = ("alone", "batched", "stream", "prefix", "speculation", "score", "images", "video", "audio")
+CHECKS = ("alone", "batched", "stream", "prefix", "speculation", "score", "images", "video", "audio", "matters")
 
 
 @dataclass
