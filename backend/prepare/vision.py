@@ -76,18 +76,25 @@ def _open_images(spec: RequestSpec) -> Tuple[list, List[int], List[Extent]]:
     return opened, hashes, extents
 
 
+def _saved(items, name: str, folder: str):
+    """(field name, file path, bytes) of each base64 item, its bytes written to a file of `folder`:
+    mlx-vlm's loaders read videos and clips from files."""
+    for i, item in enumerate(items):
+        field_name = f"{name}[{i}]"
+        raw = b64_bytes(field_name, item)
+        path = os.path.join(folder, f"{name.lower()}{i}")
+        with open(path, "wb") as f:
+            f.write(raw)
+        yield field_name, path, raw
+
+
 def _open_videos(parts, spec: RequestSpec, folder: str) -> Tuple[List[str], List[int], List[Extent]]:
     """Each video's bytes in a file of `folder` (mlx-vlm's loader reads files), with its frame size
     and count read from the container's header (no frame decoded)."""
     import cv2
 
     paths, hashes, extents = [], [], []
-    for i, item in enumerate(spec.videos):
-        field_name = f"Videos[{i}]"
-        raw = b64_bytes(field_name, item)
-        path = os.path.join(folder, f"video{i}")
-        with open(path, "wb") as f:
-            f.write(raw)
+    for field_name, path, raw in _saved(spec.videos, "Videos", folder):
         cap = cv2.VideoCapture(path)
         try:
             ok = cap.isOpened()
@@ -123,12 +130,7 @@ def _open_audios(lm, spec: RequestSpec, folder: str) -> Tuple[List[str], List[in
     from .audio import probe
 
     paths, hashes = [], []
-    for i, item in enumerate(spec.audios):
-        field_name = f"Audios[{i}]"
-        raw = b64_bytes(field_name, item)
-        path = os.path.join(folder, f"audio{i}")
-        with open(path, "wb") as f:
-            f.write(raw)
+    for field_name, path, raw in _saved(spec.audios, "Audios", folder):
         seconds, _ = probe(path, field_name)
         bound = lm.options.audio_max_seconds
         if seconds > bound:
