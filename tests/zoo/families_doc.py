@@ -118,6 +118,38 @@ def audio_section(results: dict) -> list:
             *(_missing(families) or ["None."]), ""]
 
 
+PRECISION_INTRO = """\
+The precisions users run, served with `DType` native (the weights as stored, as on a Mac GPU):
+a family of each kind the server treats differently at bf16, affine q8 and q4 (group 64, made
+from bf16 by mlx-lm's own convert, as community checkpoints are) and mxfp4
+(tests/zoo/precision.py), compared with mlx-lm's single stream at the same weights in a process
+of its own (tests/precision_oracle.py). The comparison ends at the first step whose top-2 margin
+is within the library's own noise at that precision: measured each run (its BatchGenerator
+against its single stream), in bfloat16 spacings of that step (an ulp of the larger of the two
+log-probabilities), the margin allowed 2x that. **noise**: the measured noise in spacings (1 is
+the resolution itself: on this CPU mlx-lm's batch equals its single stream bit for bit at every
+one of these precisions). **compared**: steps of the three prompts compared, of all generated.
+**alone**, **at once** (the three together), **stream**: as above. A variant mlx-lm itself cannot
+run here is refused at `LoadModel` with the library's words (on the CPU, mlx's GatherMM takes
+float32 only: the MoE families at bf16; their quantized variants run).
+"""
+
+
+def precision_section(results: dict) -> list:
+    head = ["family", "precision", "lane", "noise", "compared", "alone", "at once", "stream"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    refused = []
+    for name, e in results["variants"].items():
+        if e["status"] == "library-cannot":
+            refused.append(f"- `{e['family']}` {e['precision']}: refused at `LoadModel`: {e['reason']}")
+            continue
+        cells = [f"`{e['family']}`", e["precision"], e.get("lane") or "–", str(e.get("noise_units", "–")),
+                 f"{e.get('compared')} / {e.get('steps')}"] + [_cell(e["checks"].get(k))
+                                                              for k in ("alone", "together", "stream")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return ["## Precisions", "", PRECISION_INTRO, *lines, "", *refused, ""]
+
+
 def _cell(value) -> str:
     return {True: "yes", False: "**no**"}.get(value, "–")
 
@@ -181,17 +213,29 @@ VISION_UNMATRIXED = (
     "every vision-language family of the installed mlx-vlm against its own generation. See [Vision](vision.md).")
 
 
-def render(text: dict, vision: dict = None, audio: dict = None) -> str:
+def render(text: dict, vision: dict = None, audio: dict = None, precision: dict = None) -> str:
     parts = [INTRO, *_section("Text families", text, TEXT_COLUMNS)]
     if vision:
         parts += _section("Vision families", vision, VISION_COLUMNS)
     else:
         parts += ["## Vision families", "", VISION_UNMATRIXED, ""]
     parts += [GEMMA3]
+    if precision:
+        parts += precision_section(precision)
     if audio:
         parts += audio_section(audio)
     parts += ["## Refused families", "", REFUSALS]
     return "\n".join(parts)
+
+
+def splice_precision(page: str, precision: dict) -> str:
+    """`page` with its precision section (made anew or in place) before the audio section."""
+    section = "\n".join(precision_section(precision))
+    start = page.find("\n## Precisions")
+    if start >= 0:
+        page = page[:start + 1] + page[page.find("\n## ", start + 1) + 1:]
+    at = page.find("\n## Audio families") + 1 or page.find("## Refused families")
+    return page[:at] + section + "\n" + page[at:]
 
 
 def splice_audio(page: str, audio: dict) -> str:
@@ -216,11 +260,14 @@ def _load(path: Path):
 
 
 def write(results_dir: Path, out: Path = DOC) -> Path:
-    text, vision, audio = (_load(results_dir / f"{n}.json") for n in ("text", "vision", "audio"))
-    if text is None:  # the audio matrix alone: only its section (and the prose) change
-        out.write_text(splice_prose(splice_audio(out.read_text(), audio)))
+    text, vision, audio, precision = (_load(results_dir / f"{n}.json")
+                                      for n in ("text", "vision", "audio", "precision"))
+    if text is None:  # the audio or precision matrix alone: only their sections (and the prose) change
+        page = splice_prose(out.read_text())
+        page = splice_precision(page, precision) if precision else page
+        out.write_text(splice_audio(page, audio) if audio else page)
         return out
-    out.write_text(render(text, vision, audio))
+    out.write_text(render(text, vision, audio, precision))
     return out
 
 
