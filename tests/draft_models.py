@@ -18,7 +18,8 @@ def short_copy(layers: int) -> str:
     src = gguf_to_mlx_dir(embedded_default())
     target = models_root() / f"smollm2-{layers}-layers"
     with building(target) as tmp:
-        if not (target / "model.safetensors").exists():
+        # Every file there (a link left by an earlier version into a store root since removed is not).
+        if not all((target / n).exists() for n in ("model.safetensors", "config.json", "tokenizer.json")):
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
             cfg = json.loads((src / "config.json").read_text())
@@ -26,10 +27,12 @@ def short_copy(layers: int) -> str:
             (tmp / "config.json").write_text(json.dumps(cfg))
             for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
                 if (src / name).exists():
-                    os.symlink(src / name, tmp / name)
+                    # Copied: the conversion lives in this run's store root, which goes with the run.
+                    shutil.copyfile(src / name, tmp / name)
             weights = mx.load(str(src / "model.safetensors"))
             mx.save_safetensors(str(tmp / "model.safetensors"), {
                 k: v for k, v in weights.items()
                 if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers})
+            shutil.rmtree(target, ignore_errors=True)
             tmp.rename(target)
     return str(target)

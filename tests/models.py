@@ -85,7 +85,8 @@ def thinking_model_dir() -> str:
     src = gguf_to_mlx_dir(embedded_default())
     target = models_root() / "smollm2-thinking"
     with building(target) as tmp:
-        if not (target / "tokenizer.json").exists():
+        # Every file there (a link left by an earlier version into a store root since removed is not).
+        if not all((target / n).exists() for n in ("tokenizer.json", "config.json", "model.safetensors")):
             _write_thinking_dir(src, tmp)
             shutil.rmtree(target, ignore_errors=True)
             tmp.rename(target)
@@ -98,8 +99,8 @@ def _write_thinking_dir(src: Path, tmp: Path) -> None:
 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for name in ("config.json", "model.safetensors"):
-        os.symlink(src / name, tmp / name)
+    for name in ("config.json", "model.safetensors"):  # copied: the conversion goes with this run's store root
+        shutil.copyfile(src / name, tmp / name)
     tok = json.loads((src / "tokenizer.json").read_text())
     renames = {"<repo_name>": "<think>", "<reponame>": "</think>"}
     vocab = tok["model"]["vocab"]
