@@ -51,14 +51,22 @@ class Serves:
     rerank: bool  # Rerank
     media: Tuple[str, ...] = ()  # what a Predict may carry besides text: "image", "video"
     audio: Tuple[str, ...] = ()  # the audio RPCs it serves: "transcribe", "speak", "detect"
+    # How its forward passes run (engine/forward/passes.py asks these, never the kind):
+    # a causal LM's: a chunk is its prefill chunk, a long input is embedded a chunk at a time
+    # continuing its KV cache, and a score shares its batch's prefix cache;
+    causal_forward: bool = False
+    # an encoder's: inputs padded with its pad token under an attention mask, the last hidden state pooled.
+    encoder_forward: bool = False
 
 
 # By the loader that built the model (LoadedModel.kind); only loaders set a kind.
 SERVES = {
-    "text": Serves("a causal language model", generate=True, embed=True, score=True, rerank=True),
+    "text": Serves("a causal language model", generate=True, embed=True, score=True, rerank=True,
+                   causal_forward=True),
     "vision": Serves("a vision model", generate=True, embed=False, score=False, rerank=False,
                      media=("image", "video")),
-    "embedding": Serves("an embedding model", generate=False, embed=True, score=False, rerank=True),
+    "embedding": Serves("an embedding model", generate=False, embed=True, score=False, rerank=True,
+                        encoder_forward=True),
     "reranker": Serves("a cross-encoder reranker", generate=False, embed=False, score=False, rerank=True),
     # mlx-audio's kinds (audio_model.py), named as refusals name them.
     "speech-to-text": Serves("a speech-to-text model", generate=False, embed=False, score=False, rerank=False,

@@ -118,3 +118,15 @@ def test_the_servicer_never_asks_a_models_kind():
 
     for module in (backend, servicer, replies):
         assert not re.search(r"\.kind\b|\"kind\"", inspect.getsource(module)), module.__name__
+
+
+def test_the_forward_passes_ask_capabilities_never_a_kind():
+    """The forward passes ask what a model serves (Serves: a causal LM's passes, an encoder's)."""
+    import re
+    from pathlib import Path
+
+    import servicer
+
+    engine = Path(servicer.__file__).parent / "engine"
+    for path in sorted(engine.rglob("*.py")):
+        assert not re.search(r"\.kind\s*(==|!=)", path.read_text()), path

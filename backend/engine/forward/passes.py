@@ -284,7 +284,7 @@ class ForwardWork:
 
 def chunk_plan(lm, configured: int, batch: Callable[[], Any]):
     """(tokens one chunk may take, what gives the prefix cache to share) for `lm`'s forward work."""
-    if lm.kind == "text":  # a causal LM's chunk is its prefill chunk, and it shares its batch's prefix cache
+    if lm.serves.causal_forward:  # its chunk is its prefill chunk; it shares its batch's prefix cache
         return configured or batch().prefill_step_size, lambda: batch().cache
     return configured or 1024, lambda: None  # an encoder is small: more rows per pass
 
@@ -293,11 +293,10 @@ def _hidden_states(lm, inputs: List[List[int]]):
     """Final hidden states [rows, longest, width] of right-padded inputs, and each input's length."""
     lengths = [len(t) for t in inputs]
     width = max(lengths)
-    pad = 0
-    if lm.kind == "embedding":
-        pad = lm.tokenizer.pad_token_id or 0
+    encoder = lm.serves.encoder_forward
+    pad = (lm.tokenizer.pad_token_id or 0) if encoder else 0
     ids = mx.array([t + [pad] * (width - len(t)) for t in inputs])
-    if lm.kind == "embedding":
+    if encoder:
         mask = mx.array([[1] * n + [0] * (width - n) for n in lengths])
         hidden = lm.model(ids, attention_mask=mask).last_hidden_state
     else:
@@ -323,7 +322,7 @@ def _inner(lm):
 def _long(lm, job, budget: int) -> bool:
     """A causal LM's single input longer than a chunk: embedded a chunk at a time (an encoder
     attends both ways and cannot be split)."""
-    return lm.kind == "text" and isinstance(job, EmbedJob) and len(job.inputs) == 1 \
+    return lm.serves.causal_forward and isinstance(job, EmbedJob) and len(job.inputs) == 1 \
         and len(job.inputs[0]) > budget
 
 
