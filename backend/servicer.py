@@ -199,7 +199,7 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
     @answered
     async def LoadModel(self, request, context):
         try:
-            plan = read_load(request, distributed=hasattr(self.engine, "load_model"))
+            plan = read_load(request, distributed=self.engine.distributed)
         except OptionError as e:
             return backend_pb2.Result(success=False, message=f"invalid option: {e}")
         except Exception as e:  # a load answers success=false, whatever went wrong (a bug: logged)
@@ -224,13 +224,12 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         if plan.options.free_before_load:  # for machines that cannot hold two models at once
             await asyncio.wrap_future(self.engine.swap(None))
         # The old model keeps serving while the new one loads on its own thread.
-        load = getattr(self.engine, "load_model", model_loader.load)  # lockstep: on every rank
         loop = asyncio.get_running_loop()
-        lm = await loop.run_in_executor(self.loader, load, plan.spec)
+        lm = await loop.run_in_executor(self.loader, self.engine.load, plan.spec)  # lockstep: on every rank
         lm = await loop.run_in_executor(
             self.loader, spec_config.attach, lm, plan.speculation, plan.spec, draft_model)
         lm.derived[limits.KEY] = plan.text_limits
-        if lm.serves.generate and not hasattr(self.engine, "load_model"):  # across ranks: the batch, unchecked
+        if lm.serves.generate and not self.engine.distributed:  # across ranks: the batch, unchecked
             await self._choose_lane(lm, plan)
         await asyncio.wrap_future(self.engine.swap(lm, plan.config))
         self.gate.limit = plan.options.max_concurrent_rpcs

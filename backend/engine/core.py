@@ -115,6 +115,19 @@ class Engine:
                 raise stopped(f"the engine has stopped ({self.dead})")
             self._inbox.put(command)
 
+    @property
+    def distributed(self) -> bool:
+        """Whether the model runs across ranks (the lockstep engine): there only the batch runs,
+        unchecked, and no draft model is served."""
+        return False
+
+    def load(self, spec):
+        """Load the model `spec` names for this engine (the loading thread, while the engine keeps
+        serving the old one): one process loads it whole (loaders/model_loader.py)."""
+        from loaders import model_loader
+
+        return model_loader.load(spec)
+
     def swap(self, model, config: Optional[EngineConfig] = None) -> concurrent.futures.Future:
         """Serve `model` from the next step on (None frees the current one)."""
         done: concurrent.futures.Future = concurrent.futures.Future()

@@ -120,8 +120,10 @@ def test_the_servicer_never_asks_a_models_kind():
         assert not re.search(r"\.kind\b|\"kind\"", inspect.getsource(module)), module.__name__
 
 
-def test_the_forward_passes_ask_capabilities_never_a_kind():
-    """The forward passes ask what a model serves (Serves: a causal LM's passes, an encoder's)."""
+def test_the_engine_asks_capabilities_and_says_whether_it_is_distributed():
+    """The forward passes ask what a model serves (Serves), never its kind; the servicer asks the
+    engine whether it is distributed and calls its load, never probes it for attributes."""
+    import inspect
     import re
     from pathlib import Path
 
@@ -130,3 +132,4 @@ def test_the_forward_passes_ask_capabilities_never_a_kind():
     engine = Path(servicer.__file__).parent / "engine"
     for path in sorted(engine.rglob("*.py")):
         assert not re.search(r"\.kind\s*(==|!=)", path.read_text()), path
+    assert not re.search(r"hasattr\((self\.)?engine\b", inspect.getsource(servicer))

@@ -278,7 +278,11 @@ class LockstepEngine(Engine):
         self.leader.on_lost = self._group_lost
         super().__init__(config, hooks=self._hooks)
 
-    def load_model(self, spec):
+    @property
+    def distributed(self) -> bool:
+        return True
+
+    def load(self, spec):
         """LoadModel: every rank loads its shard (loader thread)."""
         if self.leader.lost:
             raise EngineError("UNAVAILABLE", f"mlx: lost {self.leader.lost}")
