@@ -9,6 +9,7 @@ loop never runs MLX or blocks; the engine thread does all model work.
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import logging
 import time
@@ -230,20 +231,23 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
             self.loader, spec_config.attach, lm, plan.speculation, plan.spec, draft_model)
         lm.derived[limits.KEY] = plan.text_limits
         if lm.serves.generate and not self.engine.distributed:  # across ranks: the batch, unchecked
-            await self._choose_lane(lm, plan)
+            lm = dataclasses.replace(lm, lane=await self._choose_lane(lm, plan))
         await asyncio.wrap_future(self.engine.swap(lm, plan.config))
         self.gate.limit = plan.options.max_concurrent_rpcs
         return lm
 
-    async def _choose_lane(self, lm, plan: LoadPlan) -> None:
+    async def _choose_lane(self, lm, plan: LoadPlan):
         """The model's lane (engine/lane_choice.py): its caches and a check on the loading thread,
-        then one request through the lane on the engine thread; ModelLoadError when none serves it."""
+        then one request through the lane on the engine thread, which may give way to the solo
+        lane; ModelLoadError when none serves it."""
         loop = asyncio.get_running_loop()
         probes = functools.partial(_probes, lm)
         try:
-            await loop.run_in_executor(self.loader, lane_choice.decide, lm, plan.config, probes, plan.options.lane)
+            lane = await loop.run_in_executor(
+                self.loader, lane_choice.decide, lm, plan.config, probes, plan.options.lane)
             trial = await loop.run_in_executor(self.loader, probes)  # the first, and a spare for the solo lane
-            await asyncio.wrap_future(self.engine.trial(lm, plan.config, trial[:2], plan.options.lane == "auto"))
+            return await asyncio.wrap_future(
+                self.engine.trial(lm, lane, plan.config, trial[:2], plan.options.lane == "auto"))
         except model_loader.ModelLoadError as e:  # named as the loaders name theirs: which model is refused
             raise model_loader.ModelLoadError(f"{lm.source}: {e}") from None
 

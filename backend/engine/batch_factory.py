@@ -1,8 +1,9 @@
 """Which batch generates for a loaded model: its lane, and the wrappers around it.
 
 The lanes (lanes/) implement one Batch interface (lanes/batch.py); this module is
-the one place that picks among them, by the lane chosen at load (lm.lane, set by
-lane_choice.py from the model's caches and a check), and wraps the choice
+the one place that picks among them, by the lane chosen at load (lm.lane: LoadModel builds
+the served model with lane_choice.py's decision, from the model's caches and a check; the
+check's runs each get a copy of the model with the lane it tests), and wraps the choice
 (speculation/) for the scheduler's streams (streams.py). Engine thread only (and
 the loading thread, for the check at load).
 """

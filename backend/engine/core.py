@@ -134,12 +134,13 @@ class Engine:
         self._put(Swap(model, config, done))
         return done
 
-    def trial(self, model, config: EngineConfig, requests, fallback: bool) -> concurrent.futures.Future:
-        """Run `model` (loaded, not yet served) through its lane with `requests` on the engine
-        thread, where its requests will run (lane_choice.trial): the future's exception says why
-        no lane serves it. The served model's streams pause meanwhile (a few tokens)."""
+    def trial(self, model, lane, config: EngineConfig, requests, fallback: bool) -> concurrent.futures.Future:
+        """Run `model` (loaded, not yet served) through `lane` with `requests` on the engine
+        thread, where its requests will run (lane_choice.trial): the future's result is the lane
+        that serves it, its exception why none does. The served model's streams pause meanwhile
+        (a few tokens)."""
         done: concurrent.futures.Future = concurrent.futures.Future()
-        self._put(Trial(model, config, requests, fallback, done))
+        self._put(Trial(model, lane, config, requests, fallback, done))
         return done
 
     async def forward(self, job) -> Any:
@@ -342,11 +343,11 @@ class Engine:
         elif isinstance(command, Cancel):
             any(work.cancel(command.request_id) for work in self._work)  # the first that holds it
         elif isinstance(command, Swap):
-            self._answer(command.done, lambda: self._swap(command.model, command.config), command.model)
+            self._answer(command.done, lambda: self._swap(command.model, command.config))
         elif isinstance(command, Trial):
             self._answer(command.done, lambda: lane_choice.trial(
-                command.model, command.config or self.config, command.requests, self._stream, self._beat,
-                command.fallback), command.model)
+                command.model, command.lane, command.config or self.config, command.requests, self._stream,
+                self._beat, command.fallback))
         elif isinstance(command, Stop):
             # Closing the batch queues its warm prefix-cache entries for the disk.
             self._fail_all(failure("shutdown"))
@@ -356,12 +357,12 @@ class Engine:
         elif isinstance(command, Lost):
             raise command.error
 
-    def _answer(self, done: concurrent.futures.Future, fn: Callable[[], Any], result) -> None:
-        """Run a command that answers through `done`: its result, or what it raised."""
+    def _answer(self, done: concurrent.futures.Future, fn: Callable[[], Any]) -> None:
+        """Run a command that answers through `done`: what `fn` returns, or what it raised."""
         if not done.set_running_or_notify_cancel():
             return
         try:
-            fn()
+            result = fn()
             self._pulse.beat = time.monotonic()  # a slow command (a swap's full collection) is no stuck pass
             done.set_result(result)
         except BaseException as e:  # delivered to the caller, then the engine goes on

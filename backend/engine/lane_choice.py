@@ -24,6 +24,9 @@ reference the batch is checked against. Decided from what the model does, never 
 - then `trial` (on the engine thread, where requests run): one request through the chosen
   lane; a batch that fails it gives way to solo; a model failing in the solo lane too is refused.
 
+Both return the lane; LoadModel builds the served model with it (a new LoadedModel value):
+nothing here writes to a model, and each run is given the lane it tests.
+
 The solo lane failing a request means the library's own step cannot generate with the model
 here: refused at LoadModel with that reason. The load option `lane` (batch or solo) skips
 the check; only the trial runs. Cost at load: 6 to 9 short generations of a few tokens
@@ -54,27 +57,28 @@ def lane_figures(lm) -> dict:
     return {"lane_solo": int(lane.solo), "lane_prefill_alone": int(lane.prefill_alone)}
 
 
-def decide(lm, config, probes: Callable[[], List], forced: str = "auto") -> None:
-    """Set lm.lane (loading thread): by the load option `forced` (batch, solo), else from the
-    model's caches and the check. `probes()` gives fresh probe requests for a run. Raises
+def decide(lm, config, probes: Callable[[], List], forced: str = "auto") -> Lane:
+    """The lane for `lm` (loading thread): by the load option `forced` (batch, solo), else from
+    the model's caches and the check. `probes()` gives fresh probe requests for a run. Raises
     ModelLoadError when the library's own step fails, or when lane:batch cannot serve the model."""
     obstacle = _batch_obstacle(lm)
     if forced == "solo":
-        lm.lane = Lane(solo=True, reason="load option lane:solo")
+        lane = Lane(solo=True, reason="load option lane:solo")
     elif forced == "batch":
         if obstacle:
             raise ModelLoadError(f"lane:batch cannot serve this model: {obstacle} "
                                  f"(leave lane unset for the solo lane)")
-        lm.lane = Lane(reason="load option lane:batch")
+        lane = Lane(reason="load option lane:batch")
     else:
         kept = lane_verdicts.read(lm, config)
         if kept is not None:
-            lm.lane = Lane(kept.solo, kept.prefill_alone, f"{kept.reason}; found by the check at an earlier load")
+            lane = Lane(kept.solo, kept.prefill_alone, f"{kept.reason}; found by the check at an earlier load")
         else:
-            lm.lane = _checked(lm, config, probes, obstacle)
-            if lm.lane.reason != UNCHECKED:
-                lane_verdicts.write(lm, config, lm.lane)
-    log.info("lane: %s (%s; caches: %s)", lm.lane.name, lm.lane.reason, ", ".join(cache_kinds.of(lm.model)))
+            lane = _checked(lm, config, probes, obstacle)
+            if lane.reason != UNCHECKED:
+                lane_verdicts.write(lm, config, lane)
+    log.info("lane: %s (%s; caches: %s)", lane.name, lane.reason, ", ".join(cache_kinds.of(lm.model)))
+    return lane
 
 
 def _batch_obstacle(lm) -> Optional[str]:
@@ -96,8 +100,7 @@ def _checked(lm, config, probes: Callable[[], List], obstacle: Optional[str]) ->
     stream = mx.default_stream(mx.default_device())
 
     def outcomes(lane: Lane, requests: Optional[List] = None, together: int = lane_probe.TOGETHER):
-        lm.lane = lane
-        return lane_probe.run(lm, config, requests or probes(), stream, together=together)
+        return lane_probe.run(lm, lane, config, requests or probes(), stream, together=together)
 
     def batched(lane: Lane) -> Optional[str]:
         """How the lane differs from the reference: two arriving together, the third joining them."""
@@ -153,22 +156,24 @@ def differs(reference: List[lane_probe.Outcome], got: List[lane_probe.Outcome],
     return None
 
 
-def trial(lm, config, requests: List, stream, beat: Callable[[], None], fallback: bool) -> None:
-    """One request through lm's lane on the engine thread, as requests will run. A batch that
-    fails it gives way to the solo lane (with `fallback`: the lane was not fixed by an option),
-    tried with the next request and kept as the verdict; ModelLoadError when no lane serves it."""
+def trial(lm, lane: Lane, config, requests: List, stream, beat: Callable[[], None], fallback: bool) -> Lane:
+    """One request through `lane` (decide's) on the engine thread, as requests will run; the lane
+    that serves `lm`. A batch that fails it gives way to the solo lane (with `fallback`: the lane
+    was not fixed by an option), tried with the next request and kept as the verdict;
+    ModelLoadError when no lane serves it."""
     if not requests:
-        return
-    got = lane_probe.run(lm, config, requests[:1], stream, beat)[0]
+        return lane
+    got = lane_probe.run(lm, lane, config, requests[:1], stream, beat)[0]
     if got.error is None:
-        return
-    if lm.lane.solo or not fallback or len(requests) < 2:
-        raise ModelLoadError(f"a request fails in the {lm.lane.name} lane: {got.error}")
+        return lane
+    if lane.solo or not fallback or len(requests) < 2:
+        raise ModelLoadError(f"a request fails in the {lane.name} lane: {got.error}")
     log.warning("lane: a request fails in the batch (%s); trying the solo lane", got.error)
     batch_error = got.error
-    lm.lane = Lane(solo=True, reason=f"a request fails in the batch: {batch_error}")
-    got = lane_probe.run(lm, config, requests[1:2], stream, beat)[0]
+    solo = Lane(solo=True, reason=f"a request fails in the batch: {batch_error}")
+    got = lane_probe.run(lm, solo, config, requests[1:2], stream, beat)[0]
     if got.error is not None:
         raise ModelLoadError(f"requests fail in the batch ({batch_error}) and in the solo lane ({got.error})")
-    lane_verdicts.write(lm, config, lm.lane)
-    log.info("lane: solo (%s)", lm.lane.reason)
+    lane_verdicts.write(lm, config, solo)
+    log.info("lane: solo (%s)", solo.reason)
+    return solo

@@ -50,9 +50,9 @@ class _Sink:
     """Where a probe request's events go: read here, never handed to an event loop."""
 
 
-def run(lm, config, requests: List, stream, beat: Callable[[], None] = lambda: None,
+def run(lm, lane, config, requests: List, stream, beat: Callable[[], None] = lambda: None,
         together: int = TOGETHER) -> List[Outcome]:
-    """Run `requests` (engine Requests for `lm`) through the lane lm.lane names, on this thread's
+    """Run `requests` (engine Requests for `lm`) through `lane` (a loaded.Lane), on this thread's
     `stream`; one Outcome per request, the first `together` arriving at once. `beat` is called
     each pass (Health's pulse, on the engine thread)."""
     import mlx.core as mx
@@ -64,7 +64,7 @@ def run(lm, config, requests: List, stream, beat: Callable[[], None] = lambda: N
     streams = Streams(outbox, {"tokens_generated": 0, "prompt_tokens_processed": 0, "tokens_per_second": 0.0},
                       _Quiet())
     streams.mx, streams.stream = mx, stream
-    streams.serve(lm, config)
+    streams.serve(dataclasses.replace(lm, lane=lane), config)  # the model as it would be served in that lane
     sinks = [_Sink() for _ in requests]
     for i, request in enumerate(requests):
         request.id = i + 1

@@ -83,9 +83,10 @@ class Swap:
 
 @dataclass
 class Trial:
-    """Run `model` (not yet served) through its lane with `requests` before it is swapped in
-    (lane_choice.trial); `done` gets the model, or the reason no lane serves it."""
+    """Run `model` (not yet served) through `lane` with `requests` before it is swapped in
+    (lane_choice.trial); `done` gets the lane that serves it, or the reason none does."""
     model: Any
+    lane: Any  # loaders.loaded.Lane, as lane_choice.decide chose it
     config: Any
     requests: List[Any]
     fallback: bool  # a lane that fails may give way to the solo lane

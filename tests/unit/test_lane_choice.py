@@ -2,6 +2,9 @@
 reference run, what Status reports, which caches the prefix cache serves, how the solo
 lane cuts a prefill, and the admission bounds of a lane that runs one request at a time."""
 
+from types import SimpleNamespace
+
+import pytest
 from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache, KVCache, RotatingKVCache
 
 from engine.admission import Admission
@@ -88,13 +91,9 @@ def test_probes_decode_until_the_later_ones_have_joined():
 
 
 def test_status_says_the_lane():
-    class Served:
-        lane = Lane(solo=True)
-
     assert lane_figures(None) == {}
-    assert lane_figures(Served()) == {"lane_solo": 1, "lane_prefill_alone": 0}
-    Served.lane = Lane(prefill_alone=True)
-    assert lane_figures(Served()) == {"lane_solo": 0, "lane_prefill_alone": 1}
+    assert lane_figures(SimpleNamespace(lane=Lane(solo=True))) == {"lane_solo": 1, "lane_prefill_alone": 0}
+    assert lane_figures(SimpleNamespace(lane=Lane(prefill_alone=True))) == {"lane_solo": 0, "lane_prefill_alone": 1}
     assert (Lane().name, Lane(solo=True).name) == ("batch", "solo")
     assert Lane(prefill_alone=True).name == "batch, each prompt prefilled alone"
 
@@ -250,3 +249,49 @@ def test_a_failing_generation_step_fails_its_request_alone_and_the_lane_goes_on(
     assert lane.step() == [] and lane.remove([uid]) == {}
     # The lane takes the next request.
     assert lane.admit([5, 6], 4, SamplingParams(), [], False, on_error=lambda e: None)[0] != uid
+
+
+# ---- the decision is returned, each run given the lane it tests -----------------------------
+
+
+def _loaded_model(tmp_path):
+    from loaders.loaded import LoadedModel
+
+    class Model:  # a plain KV cache: nothing keeps it out of the batch
+        def make_cache(self):
+            return [KVCache()]
+
+    (tmp_path / "model").mkdir(exist_ok=True)
+    return LoadedModel(name="m", source=str(tmp_path / "model"), model=Model(), tokenizer=None, config={},
+                       context_size=64, dtype="float32", options={}, load_seconds=0.0)
+
+
+@pytest.mark.parametrize("forced, lane", [("solo", Lane(solo=True, reason="load option lane:solo")),
+                                          ("batch", Lane(reason="load option lane:batch"))])
+def test_a_lane_fixed_by_the_load_option_is_returned(tmp_path, forced, lane):
+    from engine import lane_choice
+
+    lm = _loaded_model(tmp_path)
+    assert lane_choice.decide(lm, EngineConfig(), lambda: [], forced) == lane
+    assert lm.lane == Lane()  # the model as loaded: LoadModel builds the served one with the lane
+
+
+def test_a_trial_that_fails_in_the_batch_returns_the_solo_lane(tmp_path, monkeypatch):
+    from engine import lane_choice, lane_probe, lane_verdicts
+
+    lm = _loaded_model(tmp_path)
+    tried, kept = [], []
+
+    def run(model, lane, config, requests, stream, beat=None, together=lane_probe.TOGETHER):
+        tried.append(lane)
+        return [out([1]) if lane.solo else out([], error="INTERNAL: the batch raised")]
+
+    monkeypatch.setattr(lane_probe, "run", run)
+    monkeypatch.setattr(lane_verdicts, "write", lambda model, config, lane: kept.append(lane))
+    requests = [Request(prompt=[1], max_tokens=1), Request(prompt=[2], max_tokens=1)]
+    got = lane_choice.trial(lm, Lane(), EngineConfig(), requests, None, lambda: None, fallback=True)
+    assert got == Lane(solo=True, reason="a request fails in the batch: INTERNAL: the batch raised")
+    assert tried == [Lane(), got] and kept == [got] and lm.lane == Lane()
+    assert lane_choice.trial(lm, got, EngineConfig(), requests, None, lambda: None, fallback=True) is got
+    with pytest.raises(lane_choice.ModelLoadError, match="fails in the batch lane"):  # fixed by lane:batch
+        lane_choice.trial(lm, Lane(), EngineConfig(), requests, None, lambda: None, fallback=False)
