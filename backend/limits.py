@@ -11,7 +11,6 @@ from typing import Any, Dict
 from common.python_utils import OptionError, option_float, option_int
 
 MIB = 1024 * 1024
-KEY = "text_limits"  # where a loaded model keeps its limits (LoadedModel.derived)
 
 
 @dataclass(frozen=True)
@@ -57,5 +56,6 @@ def from_options(options: Dict[str, Any]) -> TextLimits:
 
 
 def of(lm) -> TextLimits:
-    """The limits a model was loaded with (the defaults for one built without LoadModel)."""
-    return getattr(lm, "derived", {}).get(KEY) or TextLimits()
+    """The limits a model was loaded with (LoadedModel.text_limits; the defaults for one built
+    without LoadModel)."""
+    return getattr(lm, "text_limits", None) or TextLimits()

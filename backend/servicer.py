@@ -221,15 +221,17 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         return backend_pb2.Result(success=True, message=LOADED_MESSAGE)
 
     async def _load(self, plan: LoadPlan, draft_model: str):
-        """Load the plan's model and swap it into the engine (under the load lock)."""
+        """Load the plan's model and swap it into the engine (under the load lock). What the load
+        decides after the loader (speculation, text limits, the lane) goes into a new value of the
+        model (dataclasses.replace): the engine is given the finished one, which nothing changes."""
         if plan.options.free_before_load:  # for machines that cannot hold two models at once
             await asyncio.wrap_future(self.engine.swap(None))
         # The old model keeps serving while the new one loads on its own thread.
         loop = asyncio.get_running_loop()
-        lm = await loop.run_in_executor(self.loader, self.engine.load, plan.spec)  # lockstep: on every rank
-        lm = await loop.run_in_executor(
-            self.loader, spec_config.attach, lm, plan.speculation, plan.spec, draft_model)
-        lm.derived[limits.KEY] = plan.text_limits
+        loaded = await loop.run_in_executor(self.loader, self.engine.load, plan.spec)  # lockstep: on every rank
+        speculation = await loop.run_in_executor(
+            self.loader, spec_config.with_draft, plan.speculation, loaded, plan.spec, draft_model)
+        lm = dataclasses.replace(loaded, speculation=speculation, text_limits=plan.text_limits)
         if lm.serves.generate and not self.engine.distributed:  # across ranks: the batch, unchecked
             lm = dataclasses.replace(lm, lane=await self._choose_lane(lm, plan))
         await asyncio.wrap_future(self.engine.swap(lm, plan.config))

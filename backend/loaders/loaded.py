@@ -1,5 +1,9 @@
 """What every loader builds and hands the engine: the loaded model and its load request.
 
+A LoadedModel is a value: a loader builds it whole, and what LoadModel decides after the load
+(the speculation settings, the text limits, the lane, a lockstep load id) makes a new one
+(dataclasses.replace) before the engine is given it; nothing writes to one afterwards.
+
 Kept apart from the loaders themselves so that each loader (mlx-lm and GGUF in
 model_loader, mlx-vlm in vision_model, the encoders in embed_loader and
 cross_encoder) imports these from here while model_loader imports the loaders
@@ -8,8 +12,9 @@ to route between them: no loader imports another to build its result.
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+import limits
 import load_options
 
 _epochs = itertools.count(1)
@@ -90,7 +95,29 @@ class Lane:
         return "solo" if self.solo else "batch, each prompt prefilled alone" if self.prefill_alone else "batch"
 
 
-@dataclass
+class Memo:
+    """What a loaded model's own parts determine, computed on first use and kept with it (the
+    llguidance tokenizer, the split check): a cache, never a decision or a setting, so it is the
+    one thing held by a LoadedModel that fills after load. Kept in the model, not keyed by it
+    elsewhere: a later model can never get an earlier one's (docs/testing.md). A value made from
+    another by dataclasses.replace shares it: the same weights and tokenizer give the same."""
+
+    def __init__(self):
+        self._values: Dict[str, Any] = {}
+
+    def get(self, key: str, compute: Callable[[], Any]) -> Any:
+        """The value under `key`, computed by `compute` the first time (callers that may race
+        on a costly one hold their own lock around this)."""
+        if key not in self._values:
+            self._values[key] = compute()
+        return self._values[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._values
+
+
+# eq=False: two values are equal only as the same object (comparing weights field by field means nothing).
+@dataclass(frozen=True, eq=False)
 class LoadedModel:
     name: str
     source: str
@@ -103,11 +130,8 @@ class LoadedModel:
     load_seconds: float
     # Which load this is: a request prepared for another epoch is refused.
     epoch: int = field(default_factory=lambda: next(_epochs))
-    # Things built from this model on demand (the grammar tokenizer), kept
-    # with it so that a later model can never get them.
-    derived: Dict[str, Any] = field(default_factory=dict)
-    adapters: List[str] = field(default_factory=list)  # LoRA directories applied
-    adapter_scales: List[float] = field(default_factory=list)  # their scales, in order
+    adapters: Tuple[str, ...] = ()  # LoRA directories applied
+    adapter_scales: Tuple[float, ...] = ()  # their scales, in order
     kv: Any = None  # adapt_options.KVSpec of its KV cache
     kv_bytes_per_token: int = 0  # measured at load, for Status
     kv_bytes_per_token_float: int = 0  # the same with the model's own float cache
@@ -116,11 +140,17 @@ class LoadedModel:
     # "embedding": an encoder that only embeds (embed_loader);
     # "reranker": a cross-encoder that only reranks (cross_encoder);
     # "speech-to-text", "text-to-speech", "voice-activity": mlx-audio's models (audio_model).
+    # What it serves follows from it (`serves`): the servicer and the forward passes ask that, never the kind.
     kind: str = "text"
     vision: Any = None  # vision_model.VisionParts of a vision model
     audio: Any = None  # audio_model.AudioParts of an audio model
     embedding: Any = None  # embed_loader.EmbeddingSpec: pooling and normalisation
+    # Set by LoadModel after the load, each into a new value (dataclasses.replace):
+    text_limits: limits.TextLimits = field(default_factory=limits.TextLimits)  # the per-request text budgets
+    speculation: Any = None  # engine.speculation.spec_config.Settings (None: its defaults)
     lane: Lane = field(default_factory=Lane)  # the batch, unless the check at load chose otherwise
+    load_id: Optional[int] = None  # across ranks: the load every rank holds, which the followers swap to
+    memo: Memo = field(default_factory=Memo, compare=False, repr=False)  # what is computed from it on demand
 
     @property
     def serves(self) -> Serves:

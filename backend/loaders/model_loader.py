@@ -93,7 +93,8 @@ def _adapt(model, spec: LoadSpec) -> Dict[str, Any]:
     except Exception as e:  # e.g. a group size that does not divide the head dimension
         kind = spec.kv.describe() if spec.kv else "float"
         raise ModelLoadError(f"the {kind} KV cache does not work with this model: {type(e).__name__}: {e}") from None
-    return dict(adapters=used, adapter_scales=[float(s) for _, s in spec.adapters], kv=spec.kv, kv_bytes_per_token=per_token,
+    return dict(adapters=tuple(used), adapter_scales=tuple(float(s) for _, s in spec.adapters), kv=spec.kv,
+                kv_bytes_per_token=per_token,
                 kv_bytes_per_token_float=kv_cache.bytes_per_token(model, plain=True) if spec.kv else per_token)
 
 

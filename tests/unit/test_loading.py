@@ -48,16 +48,17 @@ def _tokenizers():
 
 def test_each_model_gets_its_own_grammar_vocabulary():
     """A later model (as after Free + LoadModel) never sees an earlier model's grammar
-    vocabulary: the vocabulary is kept in the model's own `derived` state, so its key is
-    the model itself and lives and dies with it. A key another object could share (an
+    vocabulary: the vocabulary is kept in the model's own memo, so its key is the model
+    itself and lives and dies with it. A key another object could share (an
     id() that CPython hands out again after a Free) would be a cache across models."""
     from engine.lanes import grammar
+    from loaders.loaded import Memo
 
     plain, thinking = _tokenizers()
     assert thinking.convert_ids_to_tokens(3) == "<think>" and plain.convert_ids_to_tokens(3) != "<think>"
 
     def model(tok):
-        return SimpleNamespace(tokenizer=tok, config={}, derived={})
+        return SimpleNamespace(tokenizer=tok, config={}, memo=Memo())
 
     first = model(plain)
     assert grammar._ll_tokenizer(first).decode_bytes([3]) != b"<think>"
@@ -65,8 +66,24 @@ def test_each_model_gets_its_own_grammar_vocabulary():
     assert grammar._ll_tokenizer(later).decode_bytes([3]) == b"<think>", \
         "the grammar would be built with another model's vocabulary"
     for m in (first, later):  # owned by the model: nothing outside it can hand it to another
-        assert m.derived["llguidance"] is grammar._ll_tokenizer(m)
+        assert "llguidance" in m.memo and m.memo.get("llguidance", None) is grammar._ll_tokenizer(m)
     assert grammar._ll_tokenizer(first).decode_bytes([3]) != b"<think>"
+
+
+def test_a_loaded_model_is_a_value_that_nothing_writes_after_load():
+    """What LoadModel decides after the loader (the lane, the limits, the speculation settings, a
+    lockstep load id) makes a new value; the loaded one is never changed."""
+    from loaders.loaded import Lane, LoadedModel
+
+    lm = LoadedModel(name="m", source="s", model=None, tokenizer=None, config={}, context_size=8,
+                     dtype="float32", options={}, load_seconds=0.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        lm.lane = Lane(solo=True)
+    served = dataclasses.replace(lm, lane=Lane(solo=True), load_id=3)
+    assert lm.lane == Lane() and lm.load_id is None
+    assert served.lane.solo and served.load_id == 3
+    # The same load: requests prepared for it are served; its memo (what the weights determine) is shared.
+    assert served.epoch == lm.epoch and served.memo is lm.memo
 
 
 def test_a_request_prepared_for_a_replaced_model_is_aborted():
@@ -76,7 +93,7 @@ def test_a_request_prepared_for_a_replaced_model_is_aborted():
     from engine import Engine, EngineError
 
     first = model_loader.load(model_loader.LoadSpec(model=""))
-    second = dataclasses.replace(first, epoch=next(loaded._epochs), derived={})
+    second = dataclasses.replace(first, epoch=next(loaded._epochs), memo=loaded.Memo())
     engine = Engine()
     try:
         engine.swap(first).result(60)

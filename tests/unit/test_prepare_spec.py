@@ -21,7 +21,6 @@ class FakeLM:
     kind: str = "text"
     name: str = ""
     options: dict = field(default_factory=dict)
-    derived: dict = field(default_factory=dict)
 
     @property
     def serves(self):  # as LoadedModel declares it

@@ -13,6 +13,7 @@ from mlx_lm.models import llama, phi3small  # noqa: E402
 
 from engine.forward.passes import ForwardWork, ScoreJob, ScoreResult  # noqa: E402
 from engine.forward.split_check import split_sensitive  # noqa: E402
+from loaders.loaded import SERVES, Memo  # noqa: E402
 
 PHI3SMALL_VOCAB = 100352  # its head masks ids up to 100351
 
@@ -31,10 +32,10 @@ def causal_model():
 
 
 class LM:
-    tokenizer, kv_bytes_per_token, epoch, kind = None, 0, 1, "text"
+    tokenizer, kv_bytes_per_token, epoch, serves = None, 0, 1, SERVES["text"]
 
     def __init__(self, model, vocab):
-        self.model, self.config, self.derived = model, {"vocab_size": vocab}, {}
+        self.model, self.config, self.memo = model, {"vocab_size": vocab}, Memo()
 
 
 class Calls:

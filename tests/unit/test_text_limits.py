@@ -36,7 +36,7 @@ def test_each_bound_is_an_option_checked_against_its_range(name):
 
 def test_a_model_keeps_the_limits_it_was_loaded_with():
     class Model:
-        derived = {limits.KEY: limits.TextLimits(max_messages=3)}
+        text_limits = limits.TextLimits(max_messages=3)
 
     assert limits.of(Model()).max_messages == 3
     assert limits.of(object()) == limits.TextLimits()

@@ -8,7 +8,7 @@ position sees the later tokens of its pass. There the library's log-likelihood o
 sequence is its one forward pass over it (what `model(tokens)` gives, and the same from an
 empty cache); Score runs each candidate so, prompt and candidate in one pass. Found on the
 first Score by running one short sequence whole and split (two passes of 12 tokens), kept
-with the loaded model.
+in the loaded model's memo (what its weights determine, never a setting: loaders/loaded.py Memo).
 """
 
 import mlx.core as mx
@@ -23,9 +23,7 @@ SPLIT = 5
 def split_sensitive(lm) -> bool:
     """True when the log-probabilities of TOKENS in one pass and in two (SPLIT, then the rest,
     continuing the cache) differ by more than rounding; checked once per loaded model."""
-    if KEY not in lm.derived:
-        lm.derived[KEY] = _differs(lm.model)
-    return lm.derived[KEY]
+    return lm.memo.get(KEY, lambda: _differs(lm.model))
 
 
 def _differs(model) -> bool:

@@ -24,16 +24,18 @@ _lock = threading.Lock()
 
 
 def _ll_tokenizer(lm):
-    """llguidance's view of the model's tokenizer: ~1 s to build, kept with that model."""
+    """llguidance's view of the model's tokenizer: ~1 s to build, kept in that model's memo (a
+    cache of what its tokenizer determines: loaders/loaded.py Memo)."""
     import llguidance.hf
 
-    with _lock:
-        if "llguidance" not in lm.derived:
-            hf = lm.tokenizer._tokenizer
-            n_vocab = int(lm.config.get("vocab_size") or len(hf))
-            lm.derived["llguidance"] = llguidance.hf.from_tokenizer(
-                hf, n_vocab=max(n_vocab, len(hf)), eos_token=sorted(lm.tokenizer.eos_token_ids))
-        return lm.derived["llguidance"]
+    def build():
+        hf = lm.tokenizer._tokenizer
+        n_vocab = int(lm.config.get("vocab_size") or len(hf))
+        return llguidance.hf.from_tokenizer(hf, n_vocab=max(n_vocab, len(hf)),
+                                            eos_token=sorted(lm.tokenizer.eos_token_ids))
+
+    with _lock:  # preparation threads race for it: built once
+        return lm.memo.get("llguidance", build)
 
 
 def grammar_source(grammar: str, metadata: Dict[str, str],

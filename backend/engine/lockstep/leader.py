@@ -122,6 +122,8 @@ class Leader:
     # ---- loading: every rank loads its shard, rank 0 waits for all ----------------
 
     def load(self, spec):
+        """Every rank loads its shard; rank 0's model, with the load's id (the followers swap to
+        their shard of that load when the engine swaps this one in)."""
         from loaders import model_loader
 
         load_id = next(self._load_ids)
@@ -148,9 +150,8 @@ class Leader:
                 if own is not None:
                     raise own
                 raise model_loader.ModelLoadError("; ".join(failures))
-            lm.derived["load_id"] = load_id
             log.info("every rank holds its shard of %s (%d ranks)", lm.source, self.group.size)
-            return lm
+            return dataclasses.replace(lm, load_id=load_id)
         finally:
             self._loads.pop(load_id, None)
 
@@ -248,7 +249,7 @@ class LockstepHooks(Hooks):
                 memory[f"rank{rank}_{key}"] = int(mem.get(key, 0))
 
     def swapped(self, model) -> None:
-        load_id = model.derived.get("load_id") if model is not None else None
+        load_id = model.load_id if model is not None else None
         self.leader.send({"k": "ops", "ops": [{"k": "swap", "id": load_id}]})
 
     def stopped(self) -> None:

@@ -6,6 +6,7 @@ per step; a request's NDraft wins), `ngram_size` (longest n-gram prompt lookup
 matches, default 3) and `ngram_min` (shortest, default 1).
 """
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,7 @@ from common.python_utils import OptionError
 DEFAULT_DRAFT = {"lookup": 6, "draft": 3}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Settings:
     mode: str = "lookup"
     n_draft: int = DEFAULT_DRAFT["lookup"]
@@ -45,27 +46,29 @@ def same_vocabulary(a, b) -> bool:
         return len(a) == len(b)
 
 
-def attach(lm, settings: Settings, spec, draft_model: str):
-    """Load the draft model (same loaders, same dtype rule) and hang the settings on `lm`."""
+def with_draft(settings: Settings, lm, spec, draft_model: str) -> Settings:
+    """The settings LoadModel builds `lm`'s value with (loader thread): with mode draft, a copy
+    holding the draft model, loaded by the same loaders with the same dtype rule."""
     from loaders import model_loader
 
-    if settings.mode == "draft":
-        draft_spec = model_loader.LoadSpec(
-            model=draft_model, model_path=spec.model_path, dtype=spec.dtype,
-            context_size=lm.context_size, trust_remote_code=spec.trust_remote_code)
-        try:
-            settings.draft = model_loader.load(draft_spec)
-        except model_loader.ModelNotFound as e:
-            raise model_loader.ModelNotFound(f"DraftModel: {e}") from None
-        except model_loader.ModelLoadError as e:
-            raise model_loader.ModelLoadError(f"DraftModel: {e}") from None
-        if not same_vocabulary(lm.tokenizer, settings.draft.tokenizer):
-            raise model_loader.ModelLoadError(
-                f"DraftModel: {settings.draft.source} does not share the vocabulary of {lm.source} "
-                "(a draft model must use the same tokenizer)")
-    lm.derived["speculation"] = settings
-    return lm
+    if settings.mode != "draft":
+        return settings
+    draft_spec = model_loader.LoadSpec(
+        model=draft_model, model_path=spec.model_path, dtype=spec.dtype,
+        context_size=lm.context_size, trust_remote_code=spec.trust_remote_code)
+    try:
+        draft = model_loader.load(draft_spec)
+    except model_loader.ModelNotFound as e:
+        raise model_loader.ModelNotFound(f"DraftModel: {e}") from None
+    except model_loader.ModelLoadError as e:
+        raise model_loader.ModelLoadError(f"DraftModel: {e}") from None
+    if not same_vocabulary(lm.tokenizer, draft.tokenizer):
+        raise model_loader.ModelLoadError(
+            f"DraftModel: {draft.source} does not share the vocabulary of {lm.source} "
+            "(a draft model must use the same tokenizer)")
+    return dataclasses.replace(settings, draft=draft)
 
 
 def settings_of(lm) -> Settings:
-    return lm.derived.get("speculation") or Settings()
+    """The settings `lm` was loaded with (LoadedModel.speculation; the defaults without LoadModel)."""
+    return getattr(lm, "speculation", None) or Settings()
