@@ -8,19 +8,21 @@ reference the batch is checked against. Decided from what the model does, never 
 
 - a cache class mlx-lm's batch cannot merge (loaders/cache_kinds.py), or a vision model whose
   embedding step the vision batch does not reproduce (loaders/vision_probe.py batch_obstacle): solo;
-- else `decide` (on the loading thread, while the previous model keeps serving): three short
-  greedy requests of different lengths run through the solo lane, one at a time, then
-  through the batch, two prefilled together (the shorter one padded) and one joining them
-  while they decode (lane_probe.py). The batch is kept when every request gives the solo
-  lane's tokens, compared up to the first step whose top-2 margin is under MARGIN (there
-  float rounding alone may pick the other token), and their log-probabilities within what
-  rounding moves them by (loaders/rounding.py): a few probe tokens can agree while the batch
-  computes something else (afm7's shared-KV layers place their queries by the padded cache's
-  length, not the row's position: the same 3 tokens, log-probabilities 0.3 apart, other text
-  later). If it raises or differs, the batch is tried once more with each prompt prefilled
-  alone and merged only to decode, so no padding reaches a recurrent state (mamba, jamba); a
-  model with a recurrent state (an ArraysCache layer) is never batched padded, checked
-  prefilled alone from the start; if that differs too, solo;
+- else `decide` (on the loading thread, while the previous model keeps serving): five greedy
+  requests of different lengths (the first past the model's smallest sliding window:
+  prepare/probe.py) run through the solo lane, one at a time, and again with each prompt
+  prefilled in pieces, which measures the single stream's own noise at the model's precision
+  (lane_tolerance.py); then through the batch, three prefilled together (the shorter ones
+  padded) and two joining them while they decode (lane_probe.py). The batch is kept when every
+  request gives the solo lane's tokens, compared up to the first near tie (a top-2 margin within
+  the noise: there rounding alone may pick the other token), and their log-probabilities within
+  a few times that noise: a few probe tokens can agree while the batch computes something else
+  (afm7's shared-KV layers place their queries by the padded cache's length, not the row's
+  position: the same 3 tokens, log-probabilities 0.3 apart, other text later). If it raises or
+  differs, the batch is tried once more with each prompt prefilled alone and merged only to
+  decode, so no padding reaches a recurrent state (mamba, jamba); a model with a recurrent
+  state (an ArraysCache layer) is never batched padded, checked prefilled alone from the start;
+  if that differs too, solo;
 - then `trial` (on the engine thread, where requests run): one request through the chosen
   lane; a batch that fails it gives way to solo; a model failing in the solo lane too is refused.
 
@@ -29,22 +31,23 @@ nothing here writes to a model, and each run is given the lane it tests.
 
 The solo lane failing a request means the library's own step cannot generate with the model
 here: refused at LoadModel with that reason. The load option `lane` (batch or solo) skips
-the check; only the trial runs. Cost at load: 6 to 9 short generations of a few tokens
-(prepare/probe.py; a dozen where prompts are long, an image's: lane_probe.py) on the loading
+the check; only the trial runs. Cost at load: 15 to 20 short generations of a few tokens
+(prepare/probe.py; more tokens each where later prompts are long, an image's: lane_probe.py) on the loading
 thread, once per model on a machine (lane_verdicts.py keeps the verdict), and one on the engine
 thread at every load.
 """
 
+import dataclasses
 import logging
 from typing import Callable, List, Optional
 
-from engine import lane_probe, lane_verdicts
+from engine import lane_probe, lane_tolerance, lane_verdicts
 from loaders import cache_kinds, rounding
 from loaders.loaded import Lane, ModelLoadError, materialize
 
 log = logging.getLogger("mlx-backend.engine")
 
-MARGIN = 1e-3  # a step whose top-2 log-probabilities are closer than this ends a comparison
+FLOAT32_EPS = 2.0 ** -23
 UNCHECKED = "not checked: no probe request fits this model"
 _NAMES = "ABCDEFGH"
 
@@ -99,14 +102,12 @@ def _checked(lm, config, probes: Callable[[], List], obstacle: Optional[str]) ->
         return Lane(solo=True, reason=obstacle)
     stream = mx.default_stream(mx.default_device())
 
-    def outcomes(lane: Lane, requests: Optional[List] = None, together: int = lane_probe.TOGETHER):
-        return lane_probe.run(lm, lane, config, requests or probes(), stream, together=together)
+    def outcomes(lane: Lane, requests: Optional[List] = None, run_config=config):
+        return lane_probe.run(lm, lane, run_config, requests or probes(), stream)
 
     def batched(lane: Lane) -> Optional[str]:
-        """How the lane differs from the reference: two arriving together, the third joining them."""
-        return differs(reference, outcomes(lane), allowed)
-
-    allowed = rounding.allowed(lm.model)
+        """How the lane differs from the reference: some arriving together, the rest joining them."""
+        return differs(reference, outcomes(lane), tolerance)
 
     first = probes()
     if not first:  # none could be prepared for this model (a context shorter than they are)
@@ -116,6 +117,7 @@ def _checked(lm, config, probes: Callable[[], List], obstacle: Optional[str]) ->
         failed = next((o.error for o in reference if o.error), None)
         if failed:
             raise ModelLoadError(f"the library's own generation step fails with this model here: {failed}")
+        tolerance = _noise(lm, config, reference, outcomes, probes)
         if cache_kinds.recurrent(lm.model) and not lm.serves.media:
             # Padding entering a recurrent state changes it whatever a few probes show (a tiny
             # nemotron_h passed them padded and failed on other prompts): never padded.
@@ -134,22 +136,35 @@ def _checked(lm, config, probes: Callable[[], List], obstacle: Optional[str]) ->
         materialize(lm.vision.vlm if lm.vision is not None else lm.model)
 
 
+def _noise(lm, config, reference: List, outcomes: Callable, probes: Callable[[], List]) -> lane_tolerance.Tolerance:
+    """The single stream's own noise (lane_tolerance.py): the probes after the first (which may be
+    long: past a sliding window) run again in the solo lane, each prompt prefilled in pieces of a
+    third of the shortest."""
+    again = probes()[1:]
+    step = max(3, min(len(r.prompt) for r in again) // 3)
+    rerun = outcomes(Lane(solo=True), again, dataclasses.replace(config, prefill_step_size=step))
+    tolerance = lane_tolerance.measured(rounding.eps(lm.model), reference[1:], rerun)
+    log.info("lane check: the single stream's own noise is %s (prefilled in pieces of %d tokens); "
+             "%d steps compared", tolerance, step, lane_tolerance.steps_compared(reference, tolerance))
+    return tolerance
+
+
 def differs(reference: List[lane_probe.Outcome], got: List[lane_probe.Outcome],
-            allowed: float = MARGIN) -> Optional[str]:
+            tolerance: lane_tolerance.Tolerance = lane_tolerance.Tolerance(FLOAT32_EPS)) -> Optional[str]:
     """How `got` differs from the reference run of the same requests (None: it does not): another
-    token, or a log-probability further than `allowed` from the reference's."""
+    token, or a log-probability further from the reference's than `tolerance` allows."""
     for name, ref, out in zip(_NAMES, reference, got):
         if out.error:
             return f"fails request {name} ({out.error})"
-        for i, (token, margin) in enumerate(zip(ref.tokens, ref.margins)):
-            if margin < MARGIN:  # a near tie: past it either token is the library's
+        for i, (token, logprob, margin) in enumerate(zip(ref.tokens, ref.logprobs, ref.margins)):
+            if tolerance.tie(logprob, margin):  # a near tie: past it either token is the library's
                 break
             if i >= len(out.tokens) or out.tokens[i] != token:
                 return f"gives other tokens than the single stream (request {name}, token {i + 1})"
-            moved = abs(out.logprobs[i] - ref.logprobs[i])
+            moved, allowed = abs(out.logprobs[i] - logprob), tolerance.allowed(logprob, margin)
             if moved > allowed:
                 return (f"gives other log-probabilities than the single stream (request {name}, token {i + 1}: "
-                        f"{moved:.3g} apart, rounding allows {allowed:.3g})")
+                        f"{moved:.3g} apart, its noise allows {allowed:.3g})")
         else:
             if out.tokens[len(ref.tokens):] or out.finish != ref.finish:
                 return f"ends request {name} otherwise than the single stream"

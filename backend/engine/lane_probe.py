@@ -27,7 +27,7 @@ from engine.streams import Streams
 log = logging.getLogger("mlx-backend.engine")
 
 MAX_PASSES = 100_000  # a lane that never ends its requests is a bug: the check fails instead of hanging
-TOGETHER = 2  # requests that arrive at once; the others join after the first pass
+TOGETHER = 3  # requests that arrive at once; the others join after the first pass
 
 
 @dataclass

@@ -3,8 +3,9 @@
 The check (lane_choice.py) runs a few short generations in each lane. What it finds depends
 only on the model as loaded (prefix/cache_files.fingerprint: its files, config, dtype,
 adapters, KV cache type and the libraries' versions), on how its batch runs (max_sequences,
-prefill_batch_size, prefill_step_size), on the device and the BLAS, and on this backend's own
-code (a digest of its source). Under that key the verdict is kept in the cache folder
+prefill_batch_size, prefill_step_size), on the device and the BLAS, and on the lane code (a
+digest of the files of LANE_CODE, not of the whole backend: an upgrade that leaves the lanes
+as they were keeps every verdict). Under that key the verdict is kept in the cache folder
 (the store's `lanes/`, one small JSON file per key, kept as the store keeps everything: private,
 atomic, with its checksum: store.py), so the next load of the same model skips the comparison;
 the one request through the chosen lane on the engine thread runs at every load. A file that
@@ -26,18 +27,25 @@ from loaders.loaded import Lane
 
 log = logging.getLogger("mlx-backend.engine")
 
-_BACKEND = Path(__file__).resolve().parents[1]  # backend/: the code whose behaviour the verdict is of
+_BACKEND = Path(__file__).resolve().parents[1]  # backend/
+# The code a verdict is of: what runs a lane, what decides between them, the probes it is
+# decided on. A change anywhere else in the backend (the servicer, audio, the loaders) leaves
+# the kept verdicts standing; a change here checks every model again at its next load.
+LANE_CODE = ("engine/lanes", "engine/kv", "engine/lane_choice.py", "engine/lane_probe.py",
+             "engine/lane_tolerance.py", "engine/batch_factory.py", "engine/admission.py", "engine/streams.py",
+             "prepare/probe.py", "loaders/cache_kinds.py", "loaders/rounding.py")
 
 
 @functools.lru_cache(maxsize=None)
-def _code_digest() -> str:
-    """A digest of every Python file of this backend and of common/ (a few ms, once)."""
+def code_digest(backend: Path = _BACKEND) -> str:
+    """A digest of the lane code's Python files under `backend` (a few ms, once)."""
     digest = hashlib.sha256()
-    for root in (_BACKEND, _BACKEND.parent / "common"):
-        for path in sorted(root.rglob("*.py")):
-            if "__pycache__" not in path.parts and not path.name.startswith("backend_pb2"):
-                digest.update(str(path.relative_to(root)).encode())
-                digest.update(path.read_bytes())
+    for part in LANE_CODE:
+        top = backend / part
+        for path in sorted(top.rglob("*.py")) if top.is_dir() else [top]:
+            if "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(backend)).encode())
+                digest.update(path.read_bytes() if path.exists() else b"(none)")
     return digest.hexdigest()
 
 
@@ -48,7 +56,7 @@ def key(lm, config) -> str:
     from engine.prefix.cache_files import fingerprint
 
     parts = [fingerprint(lm), config.max_sequences, config.prefill_batch_size, config.prefill_step_size,
-             str(mx.default_device()), preloaded(), _code_digest()]
+             str(mx.default_device()), preloaded(), code_digest()]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 
 

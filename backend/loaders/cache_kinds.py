@@ -44,3 +44,13 @@ def recurrent(model) -> bool:
     from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
     return any(isinstance(c, ArraysCache) for c in layers(make_prompt_cache(model)))
+
+
+def window(model) -> Optional[int]:
+    """The smallest sliding window among `model`'s layers (a rotating cache's size, the
+    library's own or mlx-vlm's), or None when no layer slides."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    sizes = [c.max_size for c in layers(make_prompt_cache(model))
+             if "Rotating" in type(c).__name__ and isinstance(getattr(c, "max_size", None), int)]
+    return min(sizes, default=None)

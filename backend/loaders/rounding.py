@@ -10,12 +10,16 @@ FLOOR = 1e-3  # float32's rounding (measured ~2e-6 here) is far under it; a near
 ULPS = 32  # of 1.0: float32 FLOOR, bfloat16 0.25, float16 0.03
 
 
-def allowed(model) -> float:
-    """The rounding allowed for `model`: ULPS ulps of 1.0 in the coarsest float it holds (its
-    compute type: quantized weights keep their scales in it), never under FLOOR."""
+def eps(model) -> float:
+    """The machine epsilon of the coarsest float `model` holds (its compute type: quantized
+    weights keep their scales in it); float32's for a model holding none."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
     floats = {a.dtype for _, a in tree_flatten(model.parameters()) if mx.issubdtype(a.dtype, mx.floating)}
-    eps = max((mx.finfo(d).eps for d in floats), default=mx.finfo(mx.float32).eps)
-    return max(FLOOR, ULPS * eps)
+    return float(max((mx.finfo(d).eps for d in floats), default=mx.finfo(mx.float32).eps))
+
+
+def allowed(model) -> float:
+    """The rounding allowed for `model`: ULPS ulps of 1.0 in its coarsest float, never under FLOOR."""
+    return max(FLOOR, ULPS * eps(model))

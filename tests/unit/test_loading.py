@@ -177,3 +177,33 @@ def test_a_vision_part_nested_in_a_wrapper_config_goes_to_the_vision_loader(tmp_
     assert routed({"model_type": "qwen3_vl", "vision_config": {"depth": 1}})
     assert not routed({"model_type": "qwen3", "rope_scaling": {"type": "linear"}})
     assert not routed({"model_type": "qwen3_5", "text_config": {"hidden_size": 8}, "vision_config": None})
+
+
+def test_the_first_probe_passes_the_smallest_sliding_window(monkeypatch):
+    """The lane check's long probe (prepare/probe.py), read against the model's own caches."""
+    from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
+
+    import prepare
+    from loaders import cache_kinds, model_loader
+    from prepare.probe import REACH_PAST, TEXTS, _request
+    from zoo import text_builder
+
+    plain = model_loader.load(model_loader.LoadSpec(model=""))
+    short = prepare.probe_requests(plain)
+    assert len(short) == len(TEXTS) and len(short[0].prompt) < 40  # no window: as written
+    built = text_builder.build("mistral")
+    assert built.status == "built", built.reason
+    lm = model_loader.load(model_loader.LoadSpec(model=built.path))
+    windows = [c.max_size for c in make_prompt_cache(lm.model) if isinstance(c, RotatingKVCache)]
+    assert windows, "the zoo's mistral slides: the test needs a window"
+    probes = prepare.probe_requests(lm)
+    assert len(probes[0].prompt) >= min(windows) + REACH_PAST
+    written = [_request(lm, text, "", None).prompt for text in TEXTS]
+    assert [p.prompt for p in probes[1:]] == written[1:]  # the others as written
+    for wider in (len(written[0]) + 1, 300, lm.context_size):  # past the text as written; past the context
+        monkeypatch.setattr(cache_kinds, "window", lambda model, w=wider: w)
+        first = prepare.probe_requests(lm)[0].prompt
+        if wider + REACH_PAST < lm.context_size:
+            assert wider + REACH_PAST <= len(first) < 2 * (wider + REACH_PAST), (wider, len(first))
+        else:
+            assert first == written[0]

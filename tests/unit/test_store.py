@@ -155,6 +155,7 @@ def test_a_small_entry_round_trips_private_whatever_the_umask(root, no_umask):
 def test_any_flipped_byte_of_a_small_entry_is_a_counted_miss_and_removed(tmp_path_factory, payload, data):
     base = tmp_path_factory.mktemp("flip")
     kind = store.Kind("flip-test", "flip test", "flip_test_corrupt")
+    before_root = os.environ.get("MLX_BACKEND_CACHE_DIR")
     os.environ["MLX_BACKEND_CACHE_DIR"] = str(base)
     try:
         assert kind.save("e", payload)
@@ -166,8 +167,11 @@ def test_any_flipped_byte_of_a_small_entry_is_a_counted_miss_and_removed(tmp_pat
         before = store.figures()["flip_test_corrupt"]
         assert kind.load("e") is None
         assert store.figures()["flip_test_corrupt"] == before + 1 and not path.exists()
-    finally:
-        del os.environ["MLX_BACKEND_CACHE_DIR"]
+    finally:  # the run's own root comes back: later tests start servers from it
+        if before_root is None:
+            del os.environ["MLX_BACKEND_CACHE_DIR"]
+        else:
+            os.environ["MLX_BACKEND_CACHE_DIR"] = before_root
 
 
 def test_a_root_that_is_a_file_is_a_miss_counted_and_logged_once(root, caplog):
