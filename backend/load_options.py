@@ -95,6 +95,27 @@ def text(max_chars: int) -> Parser:
     return Parser(convert, f"text of at most {max_chars} characters")
 
 
+def counts(most: int) -> Parser:
+    """Whole numbers of at least 1, at most `most` of them, as `2,1` or `[2, 1]` (a tuple)."""
+    def convert(value):
+        if isinstance(value, bool):
+            raise ValueError
+        items = value if isinstance(value, list) else str(value).split(",")
+        out = []
+        for item in items:
+            if isinstance(item, bool) or isinstance(item, float) and not item.is_integer():
+                raise ValueError
+            number = int(str(item).strip()) if not isinstance(item, (int, float)) else int(item)
+            if number < 1:
+                raise ValueError
+            out.append(number)
+        if not 1 <= len(out) <= most:
+            raise ValueError
+        return tuple(out)
+
+    return Parser(convert, f"whole numbers of at least 1, comma-separated, at most {most} of them")
+
+
 @dataclass(frozen=True)
 class Option:
     name: str
@@ -118,6 +139,11 @@ TABLE = (
     Option("fast_gelu", boolean(), True, "tanh GELU in encoders on the CPU"),
     Option("lane", choice("auto", "batch", "solo"), "auto",
            "which lane generates (auto: by the model's caches and a check at load)"),
+    # Across ranks (docs/multi-host.md)
+    Option("parallel", choice("auto", "tensor", "pipeline"), "auto",
+           "how a group of ranks divides the model (auto: tensor on one machine where it divides, else pipeline)"),
+    Option("pipeline_split", counts(1024), None,
+           "layers per rank in pipeline mode, rank 0 first (rank 0 holds the last layers; default: even)"),
     # Scheduling and memory
     Option("max_sequences", integer(1, 1024), 64, "sequences decoded together, at most (the KV budget binds first)"),
     Option("prefill_step_size", integer(0, 1 << 16), 0, "prompt tokens per prefill chunk (0: by device)"),

@@ -232,21 +232,25 @@ class BackendServicer(backend_pb2_grpc.BackendServicer):
         speculation = await loop.run_in_executor(
             self.loader, spec_config.with_draft, plan.speculation, loaded, plan.spec, draft_model)
         lm = dataclasses.replace(loaded, speculation=speculation, text_limits=plan.text_limits)
-        if lm.serves.generate and not self.engine.distributed:  # across ranks: the batch, unchecked
+        if lm.serves.generate:
             lm = dataclasses.replace(lm, lane=await self._choose_lane(lm, plan))
         await asyncio.wrap_future(self.engine.swap(lm, plan.config))
         self.gate.limit = plan.options.max_concurrent_rpcs
         return lm
 
     async def _choose_lane(self, lm, plan: LoadPlan):
-        """The model's lane (engine/lane_choice.py): its caches and a check on the loading thread,
-        then one request through the lane on the engine thread, which may give way to the solo
-        lane; ModelLoadError when none serves it."""
+        """The model's lane (engine/lane_choice.py): its caches and a check on the loading thread
+        (across ranks on the engine thread, every rank running each probe on its shard: one
+        verdict for the group), then one request through the lane on the engine thread, which
+        may give way to the solo lane; ModelLoadError when none serves it."""
         loop = asyncio.get_running_loop()
         probes = functools.partial(_probes, lm)
         try:
-            lane = await loop.run_in_executor(
-                self.loader, lane_choice.decide, lm, plan.config, probes, plan.options.lane)
+            if self.engine.distributed:
+                lane = await asyncio.wrap_future(self.engine.decide(lm, plan.config, probes, plan.options.lane))
+            else:
+                lane = await loop.run_in_executor(
+                    self.loader, lane_choice.decide, lm, plan.config, probes, plan.options.lane)
             trial = await loop.run_in_executor(self.loader, probes)  # the first, and a spare for the solo lane
             return await asyncio.wrap_future(
                 self.engine.trial(lm, lane, plan.config, trial[:2], plan.options.lane == "auto"))

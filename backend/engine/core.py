@@ -1,7 +1,7 @@
 """The engine: one thread owns the model and every MLX call; this is its scheduler.
 
 Work enters as typed commands through a thread-safe inbox (requests.py: Submit, Cancel,
-Swap, Trial, Stop, Lost) and leaves as Events, handed to the event loop once per pass for all
+Swap, Trial, Decide, Stop, Lost) and leaves as Events, handed to the event loop once per pass for all
 requests together. The scheduler drives every kind of work through one interface (work.py)
 and never asks which kind it holds: the streams (streams.py: generation in one Batch,
 batch.py, which speculation and lockstep wrap; admission.py's queue and KV budget) and
@@ -34,7 +34,7 @@ from engine.health import Pulse
 from engine import lane_choice
 from engine.hooks import Hooks
 from engine.requests import (
-    Cancel, EngineError, Event, Lost, Request, Sink, Stop, Submit, Swap, Trial, failure, hand_over, stopped)
+    Cancel, Decide, EngineError, Event, Lost, Request, Sink, Stop, Submit, Swap, Trial, failure, hand_over, stopped)
 from engine.streams import Streams
 import store
 
@@ -117,8 +117,8 @@ class Engine:
 
     @property
     def distributed(self) -> bool:
-        """Whether the model runs across ranks (the lockstep engine): there only the batch runs,
-        unchecked, and no draft model is served."""
+        """Whether the model runs across ranks (the lockstep engine): there the lane check runs on
+        the engine thread (Engine.decide), only the text batch runs, and no draft model is served."""
         return False
 
     def load(self, spec):
@@ -141,6 +141,14 @@ class Engine:
         (a few tokens)."""
         done: concurrent.futures.Future = concurrent.futures.Future()
         self._put(Trial(model, lane, config, requests, fallback, done))
+        return done
+
+    def decide(self, model, config: EngineConfig, probes, forced: str) -> concurrent.futures.Future:
+        """The lane check (lane_choice.decide) of `model` run on the engine thread, as across ranks
+        it must be (its probes' collectives in step with the served batch's); one process runs it
+        on the loading thread instead. The served model's streams pause meanwhile."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._put(Decide(model, config, probes, forced, done))
         return done
 
     async def forward(self, job) -> Any:
@@ -284,7 +292,7 @@ class Engine:
                 break
             if isinstance(command, Submit):
                 self._streams.end(command.sink, Event(error=error))
-            elif isinstance(command, (Swap, Trial)):
+            elif isinstance(command, (Swap, Trial, Decide)):
                 command.done.set_exception(error)
         self._flush()
         if self.on_close is not None:
@@ -347,7 +355,11 @@ class Engine:
         elif isinstance(command, Trial):
             self._answer(command.done, lambda: lane_choice.trial(
                 command.model, command.lane, command.config or self.config, command.requests, self._stream,
-                self._beat, command.fallback))
+                self._beat, command.fallback, hooks=self.hooks.probe(command.model)))
+        elif isinstance(command, Decide):
+            self._answer(command.done, lambda: lane_choice.decide(
+                command.model, command.config, command.probes, command.forced,
+                hooks=self.hooks.probe(command.model), beat=self._beat))
         elif isinstance(command, Stop):
             # Closing the batch queues its warm prefix-cache entries for the disk.
             self._fail_all(failure("shutdown"))
@@ -400,6 +412,8 @@ class Engine:
             "kv_bytes_per_token_float": getattr(self.model, "kv_bytes_per_token_float", 0),
             # The lane chosen at load (lane_choice.py): 1 when one request runs at a time.
             **lane_choice.lane_figures(self.model),
+            # Across ranks, how the model is divided (parallel_tensor or parallel_pipeline: 1).
+            **({f"parallel_{self.model.parallel}": 1} if getattr(self.model, "parallel", "") else {}),
             # An audio model's kind (audio_stt, audio_tts or audio_vad: 1), its rate, its jobs.
             **self._audio.figures(),
         }

@@ -12,10 +12,16 @@ from typing import Optional
 class Hooks:
     speculate = True  # a lone stream may decode speculatively, out of the batch
     disk_tier = True  # the prefix cache may keep entries on disk
+    solo_in_batch = False  # the solo lane is the batch taking one request at a time (across ranks)
 
     def wrap(self, batch, config):
         """The batch the scheduler drives, built around the model's own."""
         return batch
+
+    def probe(self, model) -> Optional["Hooks"]:
+        """The hooks a lane check's runs of `model` (loaded, not yet served) go through (None:
+        lane_probe.py's own, which change nothing but turn speculation and the disk tier off)."""
+        return None
 
     def forward_refusal(self) -> Optional[Exception]:
         """Why forward work (Embedding, Score, Rerank) is not served at all, or None."""

@@ -60,10 +60,13 @@ def lane_figures(lm) -> dict:
     return {"lane_solo": int(lane.solo), "lane_prefill_alone": int(lane.prefill_alone)}
 
 
-def decide(lm, config, probes: Callable[[], List], forced: str = "auto") -> Lane:
-    """The lane for `lm` (loading thread): by the load option `forced` (batch, solo), else from
-    the model's caches and the check. `probes()` gives fresh probe requests for a run. Raises
-    ModelLoadError when the library's own step fails, or when lane:batch cannot serve the model."""
+def decide(lm, config, probes: Callable[[], List], forced: str = "auto", hooks=None,
+           beat: Callable[[], None] = lambda: None) -> Lane:
+    """The lane for `lm` (loading thread; across ranks the engine thread, with the group's probe
+    `hooks`, which journal each run to the followers: Engine.decide): by the load option `forced`
+    (batch, solo), else from the model's caches and the check. `probes()` gives fresh probe
+    requests for a run. Raises ModelLoadError when the library's own step fails, or when
+    lane:batch cannot serve the model."""
     obstacle = _batch_obstacle(lm)
     if forced == "solo":
         lane = Lane(solo=True, reason="load option lane:solo")
@@ -77,7 +80,7 @@ def decide(lm, config, probes: Callable[[], List], forced: str = "auto") -> Lane
         if kept is not None:
             lane = Lane(kept.solo, kept.prefill_alone, f"{kept.reason}; found by the check at an earlier load")
         else:
-            lane = _checked(lm, config, probes, obstacle)
+            lane = _checked(lm, config, probes, obstacle, hooks, beat)
             if lane.reason != UNCHECKED:
                 lane_verdicts.write(lm, config, lane)
     log.info("lane: %s (%s; caches: %s)", lane.name, lane.reason, ", ".join(cache_kinds.of(lm.model)))
@@ -95,7 +98,8 @@ def _batch_obstacle(lm) -> Optional[str]:
     return f"the vision batch cannot serve it: {obstacle}" if obstacle else None
 
 
-def _checked(lm, config, probes: Callable[[], List], obstacle: Optional[str]) -> Lane:
+def _checked(lm, config, probes: Callable[[], List], obstacle: Optional[str], hooks=None,
+             beat: Callable[[], None] = lambda: None) -> Lane:
     import mlx.core as mx
 
     if obstacle:  # the trial shows the solo lane generates
@@ -103,7 +107,7 @@ def _checked(lm, config, probes: Callable[[], List], obstacle: Optional[str]) ->
     stream = mx.default_stream(mx.default_device())
 
     def outcomes(lane: Lane, requests: Optional[List] = None, run_config=config):
-        return lane_probe.run(lm, lane, run_config, requests or probes(), stream)
+        return lane_probe.run(lm, lane, run_config, requests or probes(), stream, beat, hooks=hooks)
 
     def batched(lane: Lane) -> Optional[str]:
         """How the lane differs from the reference: some arriving together, the rest joining them."""
@@ -171,14 +175,15 @@ def differs(reference: List[lane_probe.Outcome], got: List[lane_probe.Outcome],
     return None
 
 
-def trial(lm, lane: Lane, config, requests: List, stream, beat: Callable[[], None], fallback: bool) -> Lane:
+def trial(lm, lane: Lane, config, requests: List, stream, beat: Callable[[], None], fallback: bool,
+          hooks=None) -> Lane:
     """One request through `lane` (decide's) on the engine thread, as requests will run; the lane
     that serves `lm`. A batch that fails it gives way to the solo lane (with `fallback`: the lane
     was not fixed by an option), tried with the next request and kept as the verdict;
     ModelLoadError when no lane serves it."""
     if not requests:
         return lane
-    got = lane_probe.run(lm, lane, config, requests[:1], stream, beat)[0]
+    got = lane_probe.run(lm, lane, config, requests[:1], stream, beat, hooks=hooks)[0]
     if got.error is None:
         return lane
     if lane.solo or not fallback or len(requests) < 2:
@@ -186,7 +191,7 @@ def trial(lm, lane: Lane, config, requests: List, stream, beat: Callable[[], Non
     log.warning("lane: a request fails in the batch (%s); trying the solo lane", got.error)
     batch_error = got.error
     solo = Lane(solo=True, reason=f"a request fails in the batch: {batch_error}")
-    got = lane_probe.run(lm, solo, config, requests[1:2], stream, beat)[0]
+    got = lane_probe.run(lm, solo, config, requests[1:2], stream, beat, hooks=hooks)[0]
     if got.error is not None:
         raise ModelLoadError(f"requests fail in the batch ({batch_error}) and in the solo lane ({got.error})")
     lane_verdicts.write(lm, config, solo)

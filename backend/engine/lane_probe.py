@@ -51,10 +51,11 @@ class _Sink:
 
 
 def run(lm, lane, config, requests: List, stream, beat: Callable[[], None] = lambda: None,
-        together: int = TOGETHER) -> List[Outcome]:
+        together: int = TOGETHER, hooks: Optional[Hooks] = None) -> List[Outcome]:
     """Run `requests` (engine Requests for `lm`) through `lane` (a loaded.Lane), on this thread's
     `stream`; one Outcome per request, the first `together` arriving at once. `beat` is called
-    each pass (Health's pulse, on the engine thread)."""
+    each pass (Health's pulse, on the engine thread). `hooks`: what the batch goes through
+    (across ranks, the group's journal: Hooks.probe), else _Quiet."""
     import mlx.core as mx
 
     # The lane as configured (how many run, how many prefill together), but the probes are the
@@ -62,7 +63,7 @@ def run(lm, lane, config, requests: List, stream, beat: Callable[[], None] = lam
     config = dataclasses.replace(config, max_waiting=max(config.max_waiting, len(requests)), kv_budget_bytes=0)
     outbox: list = []
     streams = Streams(outbox, {"tokens_generated": 0, "prompt_tokens_processed": 0, "tokens_per_second": 0.0},
-                      _Quiet())
+                      hooks or _Quiet())
     streams.mx, streams.stream = mx, stream
     streams.serve(dataclasses.replace(lm, lane=lane), config)  # the model as it would be served in that lane
     sinks = [_Sink() for _ in requests]

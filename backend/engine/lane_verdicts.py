@@ -31,7 +31,7 @@ _BACKEND = Path(__file__).resolve().parents[1]  # backend/
 # The code a verdict is of: what runs a lane, what decides between them, the probes it is
 # decided on. A change anywhere else in the backend (the servicer, audio, the loaders) leaves
 # the kept verdicts standing; a change here checks every model again at its next load.
-LANE_CODE = ("engine/lanes", "engine/kv", "engine/lane_choice.py", "engine/lane_probe.py",
+LANE_CODE = ("engine/lanes", "engine/kv", "engine/lockstep", "engine/lane_choice.py", "engine/lane_probe.py",
              "engine/lane_tolerance.py", "engine/batch_factory.py", "engine/admission.py", "engine/streams.py",
              "prepare/probe.py", "loaders/cache_kinds.py", "loaders/rounding.py")
 
@@ -56,7 +56,7 @@ def key(lm, config) -> str:
     from engine.prefix.cache_files import fingerprint
 
     parts = [fingerprint(lm), config.max_sequences, config.prefill_batch_size, config.prefill_step_size,
-             str(mx.default_device()), preloaded(), code_digest()]
+             str(mx.default_device()), preloaded(), code_digest(), lm.parallel, lm.ranks]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 
 

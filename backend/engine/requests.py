@@ -94,6 +94,17 @@ class Trial:
 
 
 @dataclass
+class Decide:
+    """Run the lane check (lane_choice.decide) for `model` on the engine thread, as a group of
+    ranks needs (its probes run collectives in step with the served batch's); `done` gets the lane."""
+    model: Any
+    config: Any
+    probes: Any  # () -> fresh probe requests
+    forced: str  # the load option lane
+    done: concurrent.futures.Future
+
+
+@dataclass
 class Stop:
     pass
 

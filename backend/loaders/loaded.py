@@ -150,6 +150,8 @@ class LoadedModel:
     speculation: Any = None  # engine.speculation.spec_config.Settings (None: its defaults)
     lane: Lane = field(default_factory=Lane)  # the batch, unless the check at load chose otherwise
     load_id: Optional[int] = None  # across ranks: the load every rank holds, which the followers swap to
+    parallel: str = ""  # across ranks: how the model is divided ("tensor" or "pipeline"); "" in one process
+    ranks: int = 1  # the processes the model is divided over
     memo: Memo = field(default_factory=Memo, compare=False, repr=False)  # what is computed from it on demand
 
     @property

@@ -186,13 +186,14 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
         raise ModelLoadError(f"{source}: {config.get('model_type')} is not served across ranks: its {cache_kind} "
                              f"KV cache cannot be batched by mlx-lm's BatchGenerator")
     dtype = _choose_dtype(spec.dtype, model)
-    # Split before anything is evaluated, so a rank only ever reads its slice; a quantized
-    # model cast to float is split after the cast (the split layers cannot be dequantized).
-    late = shard is not None and dtype and _quantized(model)
+    # Split before anything is evaluated, so a rank only ever reads its slice (its layers in a
+    # pipeline); a quantized model cast to float is split by tensor parallelism after the cast
+    # (the split layers cannot be dequantized).
     if shard is not None:
-        shard.check(model, config)  # a model that cannot be split is refused first
-        if not late:
-            shard(model, config)
+        shard.check(model, config)  # a model that cannot be divided is refused first
+    late = shard is not None and shard.mode == "tensor" and dtype and _quantized(model)
+    if shard is not None and not late:
+        shard(model, config)
     if dtype:
         _cast(model, dtype)
     if late:
@@ -206,7 +207,10 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
     loaded = LoadedModel(
         name=spec.model, source=source, model=model, tokenizer=tokenizer, config=config,
         context_size=ctx, dtype=dtype or "native", options=spec.options,
-        load_seconds=time.monotonic() - started, embedding=embedding, **extras)
-    log.info("loaded %s (%s, dtype %s, context %d%s) in %.1fs", source, config.get("model_type"),
-             loaded.dtype, ctx, describe_adaptation(loaded), loaded.load_seconds)
+        load_seconds=time.monotonic() - started, embedding=embedding,
+        parallel=shard.mode if shard is not None else "", ranks=shard.group.size if shard is not None else 1,
+        **extras)
+    log.info("loaded %s (%s, dtype %s, context %d%s%s) in %.1fs", source, config.get("model_type"),
+             loaded.dtype, ctx, describe_adaptation(loaded),
+             f", {shard.mode} parallel over {shard.group.size} ranks" if shard is not None else "", loaded.load_seconds)
     return loaded

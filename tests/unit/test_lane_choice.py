@@ -285,7 +285,7 @@ def test_a_trial_that_fails_in_the_batch_returns_the_solo_lane(tmp_path, monkeyp
     lm = _loaded_model(tmp_path)
     tried, kept = [], []
 
-    def run(model, lane, config, requests, stream, beat=None, together=lane_probe.TOGETHER):
+    def run(model, lane, config, requests, stream, beat=None, together=lane_probe.TOGETHER, hooks=None):
         tried.append(lane)
         return [out([1]) if lane.solo else out([], error="INTERNAL: the batch raised")]
 

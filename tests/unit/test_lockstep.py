@@ -206,20 +206,62 @@ CASES = [
 
 
 @pytest.mark.parametrize("dims,named", CASES)
-def test_the_split_check(dims, named):
+def test_the_tensor_split_check(dims, named):
     heads, kv, width, n = dims
     config = {"model_type": "m", "num_attention_heads": heads, "num_key_value_heads": kv, "intermediate_size": width}
-    if not named:
-        group.check_shardable(_Shardable(), config, n)
+    why = group.tensor_obstacle(_Shardable(), config, n)
+    assert why == (f"{', '.join(named)} do not divide by {n}" if named else None)
+
+
+class _Piped:
+    """A model as mlx-lm's pipelined families hold one: `model.model.pipeline` over `layers`."""
+
+    def __init__(self, layers: int, shard: bool = True):
+        self.model = type("Inner", (), {"layers": [None] * layers, "pipeline": lambda *a: None})()
+        if shard:
+            self.shard = lambda g: None
+
+
+def _group(n: int, hosts=None) -> "group.Group":
+    hosts = hosts or ["127.0.0.1"] * n
+    return group.Group(rank=0, size=n, mx_group=None, hosts=[[f"{h}:{5000 + i}"] for i, h in enumerate(hosts)])
+
+
+CONFIG = {"model_type": "m", "num_attention_heads": 6, "num_key_value_heads": 6, "intermediate_size": 96}
+
+
+# (layers, ranks, hosts, wanted, split, heads) -> the mode chosen, or the words of the refusal (hand table)
+MODES = [
+    ((4, 2, None, "auto", None, 6), "tensor"),  # one machine, it divides: tensor
+    ((4, 2, ["10.0.0.1", "10.0.0.2"], "auto", None, 6), "pipeline"),  # two machines: pipeline
+    ((4, 3, None, "auto", None, 4), "pipeline"),  # 4 heads over 3: pipeline
+    ((2, 3, None, "auto", None, 4), "tensor parallelism: 4 attention heads"),  # neither: both reasons
+    ((4, 2, None, "pipeline", None, 6), "pipeline"),
+    ((4, 2, None, "auto", (3, 1), 6), "pipeline"),  # a split asks for the pipeline
+    ((4, 2, None, "pipeline", (3, 2), 6), "pipeline_split 3,2 must give each of the 2 ranks"),
+    ((4, 2, None, "tensor", (3, 1), 6), "pipeline_split is for parallel:pipeline"),
+    ((4, 3, None, "tensor", None, 4), "by tensor parallelism: 4 attention heads"),
+    ((2, 3, None, "pipeline", None, 6), "its 2 layers cannot give each of 3 ranks one"),
+]
+
+
+@pytest.mark.parametrize("case,want", MODES)
+def test_the_mode_is_chosen_by_the_option_the_hosts_and_what_divides(case, want):
+    layers, n, hosts, wanted, split, heads = case
+    config = dict(CONFIG, num_attention_heads=heads, num_key_value_heads=heads)
+    if want in ("tensor", "pipeline"):
+        assert group.choose_mode(_Piped(layers), config, _group(n, hosts), wanted, split) == want
         return
     with pytest.raises(ModelLoadError) as e:
-        group.check_shardable(_Shardable(), config, n)
-    assert f"cannot be split over {n} ranks: {', '.join(named)} do not divide by {n}" in str(e.value)
+        group.choose_mode(_Piped(layers), config, _group(n, hosts), wanted, split)
+    assert want in str(e.value)
 
 
-def test_an_architecture_without_tensor_parallelism_is_refused():
-    with pytest.raises(ModelLoadError, match="no tensor parallelism"):
-        group.check_shardable(object(), {"model_type": "m", "num_attention_heads": 4}, 2)
+def test_an_architecture_without_either_is_refused_with_both_reasons():
+    with pytest.raises(ModelLoadError) as e:
+        group.choose_mode(object(), dict(CONFIG), _group(2))
+    assert "its Model has no shard()" in str(e.value) and "its model has no pipeline()" in str(e.value)
+    assert group.choose_mode(_Piped(4, shard=False), dict(CONFIG), _group(2)) == "pipeline"
 
 
 def test_a_trickling_hello_is_cut_off_at_the_handshake_bound():

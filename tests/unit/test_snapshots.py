@@ -152,7 +152,10 @@ def test_every_rank_of_a_group_stops_at_the_same_boundaries():
     batch = RecordingBatch(inner, leader, {})
     batch.admit([1, 2, 3, 4, 5, 6], 4, SamplingParams(), [], False, lambda e: None, direct=True, boundaries=[3])
     (op,) = [o for m in leader.sent for o in m["ops"] if o["k"] == "admit"]
+    from engine.lockstep.follower import _Slot
+
     follower = Follower.__new__(Follower)
-    follower.text, follower.lm, follower._named = _Inner(), None, {}
+    follower.served, follower.probing = _Slot(), _Slot()
+    follower.served.text = _Inner()
     follower._apply(op)
-    assert inner.admitted == follower.text.admitted == [[3]]
+    assert inner.admitted == follower.served.text.admitted == [[3]]

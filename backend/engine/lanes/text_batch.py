@@ -38,6 +38,7 @@ class TextBatch:
             prefill_step_size=prefill_step_size, stream=stream)
         # mlx-lm's LRUPromptCache, with a disk tier behind it when prompt_cache_disk_bytes > 0.
         self.cache = make_store(lm, prompt_cache_entries, prompt_cache_bytes, prompt_cache_disk_bytes)
+        self.max_sequences, self.prefill_batch_size = max_sequences, prefill_batch_size
         self.prefill_step_size = prefill_step_size
         # Prompt tokens a prefilling request takes in one step while others wait for a place: the
         # generator hands its prompt batch that many, which still feeds them in passes of

@@ -34,9 +34,8 @@ class Follower:
         self._seen = time.monotonic()
         self._stopping = False
         self.memory: Dict[str, int] = {}
-        self.lm = None
-        self.text = None
-        self._named: Dict[tuple, tuple] = {}
+        self.served = _Slot()  # the batch of the model served
+        self.probing = _Slot()  # the batch of a lane check's run (of a model loaded, not yet swapped in)
         port = exchange_port(group, 0)
         host = group.hosts[0][0].rsplit(":", 1)[0]
         if os.environ.get("MLX_BACKEND_FAULT_INJECTION") == "1" and os.environ.get(ENV_CONNECT_DELAY):
@@ -92,7 +91,7 @@ class Follower:
                 raise model_loader.ModelLoadError(
                     f"rank {self.group.rank} does not run code from model folders (trust_remote_code); "
                     f"set {ENV_RANK_REMOTE_CODE}=1 in that rank's environment to allow it")
-            lm = model_loader.load(model_loader.LoadSpec(**spec), shard=Sharder(self.group))
+            lm = model_loader.load(model_loader.LoadSpec(**spec), shard=Sharder(self.group, spec.get("options")))
             with self._pending_lock:
                 self._pending[load_id] = lm
             reply = {"k": "loaded", "id": load_id, "ok": True}
@@ -128,48 +127,69 @@ class Follower:
 
     def _apply(self, op: dict) -> None:
         kind = op["k"]
+        if kind == "swap":
+            self._swap(op["id"])
+            return
+        slot = self.probing if "p" in op else self.served  # a lane check's batch, or the served one
         if kind == "new":
             from engine.lanes.text_batch import TextBatch
 
-            settings = {k: v for k, v in op.items() if k != "k"}
-            self.text = TextBatch(self.lm, stream=self.stream, **settings)
+            if "p" in op:  # the model rank 0 checks: loaded on every rank, not yet swapped in
+                with self._pending_lock:
+                    slot.lm = self._pending[op["p"]]
+            settings = {k: v for k, v in op.items() if k not in ("k", "p")}
+            slot.text = TextBatch(slot.lm, stream=self.stream, **settings)
         elif kind == "admit":
-            self._named.clear()
-            _, _, first = self.text.admit(
+            slot.named.clear()
+            _, _, first = slot.text.admit(
                 op["prompt"], op["max"], sampling_from_wire(op["sampling"]),
-                processors_from_wire(self.lm, op["extra"]), op["eos"], on_error=_ignore, direct=op["direct"],
+                processors_from_wire(slot.lm, op["extra"]), op["eos"], on_error=_ignore, direct=op["direct"],
                 boundaries=op.get("b", ()))
             if first is not None and first.prompt_cache is not None:
-                self._named[("a",)] = (first.prompt_cache, first.all_tokens)
+                slot.named[("a",)] = (first.prompt_cache, first.all_tokens)
         elif kind == "step":
-            self._named.clear()
-            for r in self.text.step():
+            slot.named.clear()
+            for r in slot.text.step():
                 if r.prompt_cache is not None:
-                    self._named[("s", r.uid)] = (r.prompt_cache, r.all_tokens)
+                    slot.named[("s", r.uid)] = (r.prompt_cache, r.all_tokens)
         elif kind == "remove":
-            for uid, (cache, tokens) in self.text.remove(op["uids"], keep_cache=op["keep"]).items():
-                self._named[("r", uid)] = (cache, tokens)
+            for uid, (cache, tokens) in slot.text.remove(op["uids"], keep_cache=op["keep"]).items():
+                slot.named[("r", uid)] = (cache, tokens)
         elif kind == "save":
-            cache, tokens = self._named.get(tuple(op["from"]), (None, None))
-            self.text.save(tokens, cache)
+            cache, tokens = slot.named.get(tuple(op["from"]), (None, None))
+            slot.text.save(tokens, cache)
         elif kind == "close":
-            if self.text is not None:
-                self.text.close()
-            self.text = None
-            self._named.clear()
-        elif kind == "swap":
-            if self.text is not None:
-                self.text.close()
-            self.text, self.lm = None, None
-            self._named.clear()
-            gc.collect()
-            self.mx.clear_cache()
-            if op["id"] is not None:
-                with self._pending_lock:
-                    self.lm = self._pending.pop(op["id"])
-                    self._pending.clear()  # an older load that was never swapped in
+            slot.close()
+            if "p" in op:
+                slot.lm = None  # still pending: the swap takes it
         else:
             raise ValueError(f"unknown journal entry {kind!r}")
+
+    def _swap(self, load_id) -> None:
+        self.served.close()
+        self.probing.close()
+        self.served.lm = self.probing.lm = None
+        gc.collect()
+        self.mx.clear_cache()
+        if load_id is not None:
+            with self._pending_lock:
+                self.served.lm = self._pending.pop(load_id)
+                self._pending.clear()  # an older load that was never swapped in
+
+
+class _Slot:
+    """A model, the TextBatch replaying rank 0's for it, and the caches its last calls gave."""
+
+    def __init__(self):
+        self.lm = None
+        self.text = None
+        self.named: Dict[tuple, tuple] = {}
+
+    def close(self) -> None:
+        if self.text is not None:
+            self.text.close()
+        self.text = None
+        self.named.clear()
 
 
 def _reach_rank0(host: str, port: int, group: Group) -> Channel:

@@ -6,7 +6,7 @@ import hmac
 import json
 import logging
 import os
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Sequence
 
 log = logging.getLogger("mlx-backend.lockstep")
 
@@ -113,30 +113,117 @@ def exchange_port(group: Group, port: int) -> int:
     return int(total.item())
 
 
-def check_shardable(model, config: Dict[str, Any], n: int) -> None:
-    """Refuse, with the reason, a model that cannot be split over n ranks."""
-    from loaders.model_loader import ModelLoadError
-
-    kind = config.get("model_type", "this model")
+def tensor_obstacle(model, config: Dict[str, Any], n: int) -> Optional[str]:
+    """Why mlx-lm's tensor parallelism (`model.shard`) cannot split this model over n ranks, or None."""
     if not hasattr(model, "shard"):
-        raise ModelLoadError(f"{kind}: mlx-lm cannot split this architecture over ranks (no tensor parallelism)")
+        return "mlx-lm has no tensor parallelism for this architecture (its Model has no shard())"
     text = config.get("text_config", config)
     heads = text.get("num_attention_heads")
     sizes = {"attention heads": heads, "KV heads": text.get("num_key_value_heads", heads),
              "MLP width": text.get("intermediate_size")}
     bad = [f"{v} {name}" for name, v in sizes.items() if isinstance(v, int) and v % n]
-    if bad:
-        raise ModelLoadError(f"{kind} cannot be split over {n} ranks: {', '.join(bad)} do not divide by {n}")
+    return f"{', '.join(bad)} do not divide by {n}" if bad else None
+
+
+def pipeline_obstacle(model, n: int, split: Optional[Sequence[int]]) -> Optional[str]:
+    """Why mlx-lm's pipeline parallelism (`model.model.pipeline`) cannot spread this model's
+    layers over n ranks (with `split`: layers per rank, rank 0 first), or None."""
+    inner = getattr(model, "model", None)
+    if not hasattr(inner, "pipeline"):
+        return "mlx-lm has no pipeline parallelism for this architecture (its model has no pipeline())"
+    layers = len(inner.layers)
+    if split is None:
+        return None if layers >= n else f"its {layers} layers cannot give each of {n} ranks one"
+    if len(split) != n or sum(split) != layers:
+        return (f"pipeline_split {','.join(map(str, split))} must give each of the {n} ranks a positive "
+                f"number of layers, {layers} in all")
+    return None
+
+
+def one_machine(group: "Group") -> bool:
+    """Whether every rank of the group is on one host (the hostfile names one address)."""
+    return len({h[0].rsplit(":", 1)[0] for h in group.hosts if h}) <= 1
+
+
+def choose_mode(model, config: Dict[str, Any], group: "Group", wanted: str = "auto",
+                split: Optional[Sequence[int]] = None) -> str:
+    """"tensor" or "pipeline" for this model over the group, by the load option `parallel`
+    (`wanted`); ModelLoadError naming what does not divide. `auto`: tensor parallelism where it
+    divides the model and the ranks share one machine (two all-sums per layer per step, cheap
+    there), else pipeline parallelism (one send per rank per step: what a slower link between
+    machines pays for), else whichever divides."""
+    from loaders.model_loader import ModelLoadError
+
+    kind, n = config.get("model_type", "this model"), group.size
+    obstacles = {"tensor": tensor_obstacle(model, config, n), "pipeline": pipeline_obstacle(model, n, split)}
+    if split is not None and wanted == "tensor":
+        raise ModelLoadError("pipeline_split is for parallel:pipeline (or auto), not parallel:tensor")
+    if wanted != "auto":
+        if obstacles[wanted]:
+            raise ModelLoadError(f"{kind} cannot be divided over {n} ranks by {wanted} parallelism: "
+                                 f"{obstacles[wanted]}")
+        return wanted
+    order = ("pipeline",) if split is not None else (
+        ("tensor", "pipeline") if one_machine(group) else ("pipeline", "tensor"))
+    for mode in order:
+        if not obstacles[mode]:
+            return mode
+    raise ModelLoadError(f"{kind} cannot be divided over {n} ranks: "
+                         + "; ".join(f"{mode} parallelism: {obstacles[mode]}" for mode in order))
 
 
 class Sharder:
-    """model_loader's hook: this rank's slice of every split layer (tensor parallel)."""
+    """model_loader's hook: this rank's part of the model, by tensor or pipeline parallelism
+    (the load option `parallel`, decided by `check` the same way on every rank: it reads only the
+    model's config, the options and the hostfile every rank shares)."""
 
-    def __init__(self, group: Group):
+    def __init__(self, group: Group, options=None):
+        import load_options
+
+        settings = load_options.settings(options or {})
         self.group = group
+        self.wanted, self.split = settings.parallel, settings.pipeline_split
+        self.mode = ""
 
     def check(self, model, config) -> None:
-        check_shardable(model, config, self.group.size)
+        """Choose the mode; refuse, with the reason, a model that cannot be divided."""
+        self.mode = choose_mode(model, config, self.group, self.wanted, self.split)
 
     def __call__(self, model, config) -> None:
-        model.shard(self.group.mx_group)
+        from loaders.model_loader import ModelLoadError
+
+        kind = config.get("model_type")
+        whole = _cache_facts(model)
+        try:
+            if self.mode == "pipeline":
+                model.model.pipeline(self.group.mx_group, list(self.split) if self.split else None)
+            else:
+                model.shard(self.group.mx_group)
+        except (ValueError, AssertionError) as e:  # the library's own reason
+            raise ModelLoadError(f"{kind}: mlx-lm's {self.mode} split fails over {self.group.size} ranks: {e}") from None
+        mine = _cache_facts(model)
+        if mine != whole:
+            # Each rank decides from its own layers' caches whether a prompt cache can be cut back,
+            # where a prefill keeps snapshots, which lane runs: a stage whose layers are of other
+            # kinds than the model's would decide otherwise than the others, and the ranks would
+            # make different calls (and wait on each other for ever).
+            inner = model.model
+            raise ModelLoadError(
+                f"{kind}: in a pipeline over {self.group.size} ranks, rank {self.group.rank}'s layers "
+                f"{inner.start_idx}-{inner.end_idx - 1} keep {_said(mine)} where the model keeps {_said(whole)}: "
+                f"every rank must hold layers of each kind (give a pipeline_split whose every part does, or "
+                f"parallel:tensor)")
+
+
+def _cache_facts(model) -> tuple:
+    """What a rank decides its caches by: their classes, the smallest sliding window, and
+    whether a prefill keeps snapshots (engine/prefix/snapshots.py)."""
+    from engine.prefix import snapshots
+    from loaders import cache_kinds
+
+    return tuple(sorted(cache_kinds.of(model))), cache_kinds.window(model), snapshots.wanted(model)
+
+
+def _said(facts: tuple) -> str:
+    names, window, _ = facts
+    return ", ".join(names) + (f" (window {window})" if window else "")

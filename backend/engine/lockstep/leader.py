@@ -134,7 +134,7 @@ class Leader:
             own: Optional[BaseException] = None
             lm = None
             try:
-                lm = model_loader.load(spec, shard=Sharder(self.group))
+                lm = model_loader.load(spec, shard=Sharder(self.group, spec.options))
             except Exception as e:
                 own = e
             failures = []
@@ -218,10 +218,19 @@ def _close_joined(joined: "queue.SimpleQueue") -> None:
         channel.close()
 
 
+def _settings(batch, config) -> dict:
+    """What a follower builds its TextBatch with: the very settings of rank 0's (a lane may run
+    fewer rows or prefill alone: batch_factory.py), so every rank makes the same calls."""
+    return {"max_sequences": batch.max_sequences, "prefill_batch_size": batch.prefill_batch_size,
+            "prefill_step_size": batch.prefill_step_size, "backlog_step_size": batch.backlog_step_size,
+            "prompt_cache_bytes": config.prompt_cache_bytes, "prompt_cache_entries": config.prompt_cache_entries}
+
+
 class LockstepHooks(Hooks):
     """What rank 0's engine does differently: the same decisions, its text batch journaled."""
     speculate = False  # a speculating stream runs outside the batch the followers replay
     disk_tier = False  # a hit here that the followers' replay misses would part the ranks
+    solo_in_batch = True  # the followers replay the text batch only
 
     def __init__(self, group: Group, leader: Leader):
         self.group = group
@@ -229,10 +238,10 @@ class LockstepHooks(Hooks):
         self.closed_by_loss = threading.Event()
 
     def wrap(self, batch, config):
-        return RecordingBatch(batch, self.leader, {
-            "max_sequences": config.max_sequences, "prefill_batch_size": config.prefill_batch_size,
-            "prefill_step_size": batch.prefill_step_size, "prompt_cache_bytes": config.prompt_cache_bytes,
-            "prompt_cache_entries": config.prompt_cache_entries})
+        return RecordingBatch(batch, self.leader, _settings(batch, config))
+
+    def probe(self, model):
+        return ProbeHooks(self.leader, model.load_id)
 
     def forward_refusal(self):  # its passes would run collectives the followers never join
         return EngineError("FAILED_PRECONDITION", "Embedding, Score and Rerank are not served across ranks")
@@ -267,6 +276,22 @@ class LockstepHooks(Hooks):
     def closed(self) -> None:
         if self.closed_by_loss.is_set():
             _exit_soon(EXIT_GROUP_LOST, EXIT_GRACE_S)
+
+
+class ProbeHooks(Hooks):
+    """A lane check's runs of a model every rank holds but none serves yet (its load id): each
+    run's batch journaled to the followers' probe slot, beside the served batch, so the check
+    runs on every rank's shard at once (lane_choice.py, on rank 0's engine thread)."""
+    speculate = False
+    disk_tier = False
+    solo_in_batch = True
+
+    def __init__(self, leader: Leader, load_id: int):
+        self.leader = leader
+        self.load_id = load_id
+
+    def wrap(self, batch, config):
+        return RecordingBatch(batch, self.leader, _settings(batch, config), probe=self.load_id)
 
 
 class LockstepEngine(Engine):

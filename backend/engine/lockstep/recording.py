@@ -1,7 +1,7 @@
 """Rank 0's batch: the engine's TextBatch, every call that changes it journaled to the followers."""
 
 import logging
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from engine.lanes.batch import Capabilities
 from engine.lockstep.group import GroupLost
@@ -21,14 +21,21 @@ class RecordingBatch:
 
     capabilities = Capabilities()  # nothing runs apart from the journal: no speculation, no shared prefix
 
-    def __init__(self, inner, leader, settings: dict):
+    def __init__(self, inner, leader, settings: dict, probe: Optional[int] = None):
         self.inner = inner
         self.leader = leader
-        self.journal: List[dict] = [{"k": "new", **settings}]
+        # A lane check's batch (`probe`: the load id of the model it runs) is replayed in the
+        # followers' probe slot: every op it journals says so.
+        self._tag = {} if probe is None else {"p": probe}
+        self.journal: List[dict] = []
+        self._append({"k": "new", **settings})
         self._names: Dict[int, tuple] = {}  # id(cache) -> (name, cache), until the next model call
 
+    def _append(self, op: dict) -> None:
+        self.journal.append({**op, **self._tag})
+
     def _run(self, op: dict, fn):
-        self.journal.append(op)
+        self._append(op)
         self.flush()
         self._names.clear()
         try:
@@ -69,7 +76,7 @@ class RecordingBatch:
         return responses
 
     def remove(self, uids, keep_cache=False):
-        self.journal.append({"k": "remove", "uids": list(uids), "keep": keep_cache})
+        self._append({"k": "remove", "uids": list(uids), "keep": keep_cache})
         kept = self.inner.remove(uids, keep_cache=keep_cache)
         for uid, (cache, _) in kept.items():
             self._name(cache, ["r", uid])
@@ -92,11 +99,11 @@ class RecordingBatch:
                 log.warning("a prompt cache entry of unknown origin was not kept")
             return
         if tokens:
-            self.journal.append({"k": "save", "from": named[0]})
+            self._append({"k": "save", "from": named[0]})
         self.inner.save(tokens, cache)
 
     def close(self):
-        self.journal.append({"k": "close"})
+        self._append({"k": "close"})
         self.flush()
         self.inner.close()
 
