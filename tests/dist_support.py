@@ -20,11 +20,14 @@ import grpc
 GROUP_SECRET = "test-group-secret"  # the control channel's secret of every group started here
 
 
-def tiny_llama_dir(target: Path, heads: int = 4, kv_heads: int = 2, seed: int = 0) -> str:
-    """A random-weight llama (2 layers, width 64) with SmolLM2's tokenizer and chat template."""
+def tiny_llama_dir(target: Path, heads: int = 4, kv_heads: int = 2, seed: int = 0, family: str = "llama") -> str:
+    """A random-weight llama (2 layers, width 64) with SmolLM2's tokenizer and chat template;
+    with `family` "qwen2" the same shape as mlx-lm's qwen2, which it divides both ways (tensor
+    and pipeline parallel)."""
+    import importlib
+
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_lm.models import llama
 
     from loaders.gguf_loader import gguf_to_mlx_dir
     from loaders.model_loader import embedded_default
@@ -35,12 +38,13 @@ def tiny_llama_dir(target: Path, heads: int = 4, kv_heads: int = 2, seed: int = 
     tmp = target.with_name(target.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+    config = {"model_type": family, "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
               "num_attention_heads": heads, "num_key_value_heads": kv_heads, "rms_norm_eps": 1e-5,
               "vocab_size": 49152, "rope_theta": 10000.0, "max_position_embeddings": 2048,
               "tie_word_embeddings": False, "eos_token_id": [2]}
     mx.random.seed(seed)
-    model = llama.Model(llama.ModelArgs.from_dict(config))
+    module = importlib.import_module(f"mlx_lm.models.{family}")
+    model = module.Model(module.ModelArgs.from_dict(config))
     # A head of its own and wide weights: varied text, and logits far apart (no near-ties for greedy).
     model.lm_head.weight = mx.random.normal(model.lm_head.weight.shape) * 0.5
     mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
@@ -61,12 +65,13 @@ def hostfile(path: Path, ips: List[str]) -> str:
 class RankGroup(Backend):
     """N backend processes joined in a ring; rank 0 serves gRPC (a Backend), the others follow.
 
-    `prefix[r]` runs rank r under another command (e.g. `ip netns exec NS`).
+    `prefix[r]` runs rank r under another command (e.g. `ip netns exec NS`); `rank_env[r]` adds
+    to rank r's environment.
     """
 
     def __init__(self, ranks: int, workdir: Path, env: Optional[Dict[str, str]] = None,
                  ips: Optional[List[str]] = None, prefix: Optional[List[List[str]]] = None,
-                 log_name: str = "group"):
+                 log_name: str = "group", rank_env: Optional[Dict[int, Dict[str, str]]] = None):
         ips = ips or ["127.0.0.1"] * ranks
         hf = hostfile(workdir / f"{log_name}-hosts.json", ips)
         prefix = prefix or [[] for _ in range(ranks)]
@@ -79,11 +84,12 @@ class RankGroup(Backend):
             out = open(workdir / f"{log_name}-rank{rank}.log", "ab")
             self.followers.append(subprocess.Popen(
                 prefix[rank] + [sys.executable, os.path.join(BACKEND_DIR, "backend.py")],
-                env=dict(base, MLX_RANK=str(rank)), stdout=out, stderr=subprocess.STDOUT))
+                env=dict(base, MLX_RANK=str(rank), **(rank_env or {}).get(rank, {})), stdout=out,
+                stderr=subprocess.STDOUT))
         out = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             prefix[0] + [sys.executable, os.path.join(BACKEND_DIR, "backend.py"), "--addr", self.addr],
-            env=dict(base, MLX_RANK="0"), stdout=out, stderr=subprocess.STDOUT)
+            env=dict(base, MLX_RANK="0", **(rank_env or {}).get(0, {})), stdout=out, stderr=subprocess.STDOUT)
         self.channel = grpc.insecure_channel(self.addr)
         self.stub = backend_pb2_grpc.BackendStub(self.channel)
         self.raw_stub = self.stub

@@ -137,8 +137,10 @@ def _parts(model, directory: str, scale: float, modules: Dict[str, nn.Module]) -
     return parts
 
 
-def apply(model, requests: Sequence[Tuple[str, float]], model_path: str = "") -> List[str]:
-    """Apply each (adapter directory, scale) to `model`; the directories used."""
+def apply(model, requests: Sequence[Tuple[str, float]], model_path: str = "", evaluate: bool = True) -> List[str]:
+    """Apply each (adapter directory, scale) to `model`; the directories used. Without `evaluate`
+    the fused weights stay lazy (a model about to be divided over ranks: each rank computes
+    only its part, when the loader evaluates what it keeps)."""
     if not requests:
         return []
     modules = dict(model.named_modules())
@@ -162,7 +164,8 @@ def apply(model, requests: Sequence[Tuple[str, float]], model_path: str = "") ->
         from mlx.utils import tree_unflatten
 
         model.update_modules(tree_unflatten(stacked))
-    mx.eval(model.parameters())
+    if evaluate:
+        mx.eval(model.parameters())
     log.info("LoRA: %d adapter(s) on %d layers (%d fused, %d stacked on quantized layers)",
              len(directories), len(stacks), len(stacks) - len(stacked), len(stacked))
     return directories

@@ -69,13 +69,14 @@ def _quantized(model) -> bool:
     return any("scales" in m for m in model.modules())
 
 
-def _cast(model, dtype: str) -> None:
+def _cast(model, dtype: str, evaluate: bool = True) -> None:
     import mlx.core as mx
     from mlx_lm.utils import dequantize_model
 
     dequantize_model(model)
     model.set_dtype(getattr(mx, dtype))
-    mx.eval(model.parameters())
+    if evaluate:  # not for a model about to be divided: each rank evaluates its part only
+        mx.eval(model.parameters())
 
 
 def _adapt(model, spec: LoadSpec) -> Dict[str, Any]:
@@ -96,6 +97,25 @@ def _adapt(model, spec: LoadSpec) -> Dict[str, Any]:
     return dict(adapters=tuple(used), adapter_scales=tuple(float(s) for _, s in spec.adapters), kv=spec.kv,
                 kv_bytes_per_token=per_token,
                 kv_bytes_per_token_float=kv_cache.bytes_per_token(model, plain=True) if spec.kv else per_token)
+
+
+def _adapt_whole(model, spec: LoadSpec, mode: str) -> Dict[str, Any]:
+    """LoRA adapters on a model about to be divided over ranks (its weights still lazy): a float
+    linear's adapters fused into its weight before the split, so each rank's slice (tensor) or
+    layers (pipeline) carry them; a quantized linear's added beside it (LoRAStack), which only a
+    pipeline keeps whole. No probe run here: it would run the group's collectives."""
+    from loaders import adapters
+
+    if not spec.adapters:
+        return {}
+    if mode == "tensor" and _quantized(model):
+        raise ModelLoadError("LoRA adapters on a quantized model are added beside its quantized layers, which "
+                             "tensor parallelism splits itself: use parallel:pipeline (or a float model)")
+    try:
+        used = adapters.apply(model, spec.adapters, spec.model_path, evaluate=False)
+    except adapters.AdapterError as e:
+        raise ModelLoadError(str(e)) from None
+    return dict(adapters=tuple(used), adapter_scales=tuple(float(s) for _, s in spec.adapters))
 
 
 def describe_adaptation(lm: LoadedModel) -> str:
@@ -119,8 +139,10 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
 
     if spec.dtype not in DTYPES:
         raise ModelLoadError(f"dtype {spec.dtype!r} is not one of {', '.join(DTYPES)}")
-    if shard is not None and (spec.adapters or spec.kv):  # the ranks' slices take neither yet
-        raise ModelLoadError("LoRA adapters and KV cache types are not served across ranks")
+    if shard is not None and spec.kv:
+        raise ModelLoadError("KV cache types are not served across ranks: a quantized cache's bytes per token "
+                             "are measured at load by running the model, which across ranks would run the "
+                             "group's collectives beside the served model's")
     # A causal LM embeds too: last-token pooling unless an Option says otherwise.
     embedding = embed_loader.with_options(embed_loader.EmbeddingSpec(), spec.options)
     started = time.monotonic()
@@ -152,8 +174,13 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
         # By config: each library would load the other's models, wrongly.
         encoder, vision = embed_loader.is_encoder_embedding(Path(source)), vision_route.is_vision(Path(source))
         cross = cross_encoder.is_cross_encoder(Path(source))  # an encoder too: checked first
-        if (encoder or vision or cross) and shard is not None:
-            raise ModelLoadError(f"{source}: only text models are served across ranks")
+        if vision and shard is not None:
+            raise ModelLoadError(f"{source}: vision models are not served across ranks: mlx-vlm has no way to "
+                                 f"divide one (no shard or pipeline for its towers), and the other ranks replay "
+                                 f"only the text batch")
+        if (encoder or cross) and shard is not None:
+            raise ModelLoadError(f"{source}: only generating models are served across ranks (embedding and "
+                                 f"reranking passes are not divided)")
         if (encoder or vision or cross) and (spec.adapters or spec.kv):  # never ignored silently
             raise ModelLoadError(f"{source}: LoRA adapters and KV cache types are served for text models only")
         if cross:
@@ -186,20 +213,18 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
         raise ModelLoadError(f"{source}: {config.get('model_type')} is not served across ranks: its {cache_kind} "
                              f"KV cache cannot be batched by mlx-lm's BatchGenerator")
     dtype = _choose_dtype(spec.dtype, model)
-    # Split before anything is evaluated, so a rank only ever reads its slice (its layers in a
-    # pipeline); a quantized model cast to float is split by tensor parallelism after the cast
-    # (the split layers cannot be dequantized).
+    # Across ranks, cast and adapted as one process does, all lazily, then split before anything
+    # is evaluated: a rank computes only its slice (tensor) or its layers (pipeline); a quantized
+    # model cast to float is dequantized before the split (split layers cannot be).
     if shard is not None:
         shard.check(model, config)  # a model that cannot be divided is refused first
-    late = shard is not None and shard.mode == "tensor" and dtype and _quantized(model)
-    if shard is not None and not late:
-        shard(model, config)
     if dtype:
-        _cast(model, dtype)
-    if late:
+        _cast(model, dtype, evaluate=shard is None)
+    if shard is not None:
+        extras = _adapt_whole(model, spec, shard.mode)
         shard(model, config)
-    # The probe in _adapt runs the model: a split one would run collectives on this thread.
-    extras = _adapt(model, spec) if shard is None else {}
+    else:
+        extras = _adapt(model, spec)
     materialize(model)
     ctx = spec.context_size or int(config.get("max_position_embeddings")
                                    or config.get("text_config", {}).get("max_position_embeddings") or 4096)

@@ -10,8 +10,8 @@ import threading
 import time
 from typing import Any, Dict
 
-from engine.lockstep.group import (CONNECT_S, ENV_RANK_REMOTE_CODE, EXIT_GROUP_LOST, HEARTBEAT_S, HELLO_S, Group,
-                                   GroupLost, Sharder, exchange_port, rank_allows_remote_code)
+from engine.lockstep.group import (ENV_RANK_REMOTE_CODE, EXIT_GROUP_LOST, HEARTBEAT_S, HELLO_S, Group,
+                                   GroupLost, Sharder, connect_seconds, exchange_port, rank_allows_remote_code)
 from engine.lockstep.wire import Channel, memory_figures, open_hello, processors_from_wire, sampling_from_wire
 
 ENV_CONNECT_DELAY = "MLX_BACKEND_FAULT_RANK_CONNECT_DELAY"  # tests: strangers reach rank 0 before this rank
@@ -32,6 +32,7 @@ class Follower:
         self._pending_lock = threading.Lock()
         self._loader = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="load")
         self._seen = time.monotonic()
+        self._heard = False  # any frame from rank 0 yet
         self._stopping = False
         self.memory: Dict[str, int] = {}
         self.served = _Slot()  # the batch of the model served
@@ -56,8 +57,11 @@ class Follower:
             try:
                 msg = self.channel.recv()
             except (OSError, ValueError) as e:
-                self._fatal(f"rank 0 closed the control connection ({e})")
+                # Rank 0 drops a rank whose frames fail its check before it sends a single frame.
+                hint = "" if self._heard else "; nothing came first: is MLX_BACKEND_GROUP_SECRET the same on every rank?"
+                self._fatal(f"rank 0 closed the control connection ({e}){hint}")
                 return
+            self._heard = True
             self._seen = time.monotonic()
             kind = msg.get("k")
             if kind == "stop":
@@ -194,7 +198,7 @@ class _Slot:
 
 def _reach_rank0(host: str, port: int, group: Group) -> Channel:
     """The control channel to rank 0, tried again while strangers fill its handshake slots."""
-    deadline = time.monotonic() + CONNECT_S
+    deadline = time.monotonic() + connect_seconds()
     while True:
         sock = None
         try:

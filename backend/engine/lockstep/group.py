@@ -13,7 +13,8 @@ log = logging.getLogger("mlx-backend.lockstep")
 HEARTBEAT_S = 1.0  # each side says it is alive at least this often
 ENV_TIMEOUT = "MLX_BACKEND_RANK_TIMEOUT"  # seconds of silence after which a rank counts as gone
 DEFAULT_TIMEOUT_S = 30.0
-CONNECT_S = 120.0  # followers have this long to reach rank 0 at start
+ENV_CONNECT = "MLX_BACKEND_GROUP_CONNECT_TIMEOUT"  # seconds the followers have to reach rank 0 at start
+CONNECT_S = 120.0
 HELLO_S = 10.0  # a connection to the control port has this long to finish its handshake
 MAX_HANDSHAKES = 16  # connections in handshake at once; more are closed at once
 ENV_SECRET = "MLX_BACKEND_GROUP_SECRET"  # the same on every rank; authenticates the control channel
@@ -64,6 +65,19 @@ def control_port(env=None) -> int:
     return int(raw)
 
 
+def connect_seconds(env=None) -> float:
+    """How long the followers have to reach rank 0's control channel at start (and rank 0 waits)."""
+    env = os.environ if env is None else env
+    raw = env.get(ENV_CONNECT, "") or str(CONNECT_S)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 1.0 <= seconds <= 86400.0:
+        raise SystemExit(f"{ENV_CONNECT}={raw!r} is not a number of seconds in [1, 86400]")
+    return seconds
+
+
 def rank_allows_remote_code(env=None) -> bool:
     env = os.environ if env is None else env
     return env.get(ENV_RANK_REMOTE_CODE, "").strip().lower() in ("1", "true", "yes", "on")
@@ -95,6 +109,7 @@ def join() -> Group:
     # Checked before joining, so a rank without them says why at once.
     secret = group_secret()
     control_port()
+    connect_seconds()
     max_frame_bytes()
     g = mx.distributed.init(backend="ring", strict=True)
     timeout = float(os.environ.get(ENV_TIMEOUT, DEFAULT_TIMEOUT_S))

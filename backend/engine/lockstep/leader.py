@@ -14,8 +14,8 @@ from typing import Dict, Optional
 from engine.core import Engine
 from engine.hooks import Hooks
 from engine.requests import EngineError
-from engine.lockstep.group import (CONNECT_S, EXIT_GROUP_LOST, HEARTBEAT_S, HELLO_S, MAX_HANDSHAKES, Group, GroupLost,
-                                   Sharder, control_port, exchange_port)
+from engine.lockstep.group import (EXIT_GROUP_LOST, HEARTBEAT_S, HELLO_S, MAX_HANDSHAKES, Group, GroupLost,
+                                   Sharder, connect_seconds, control_port, exchange_port)
 from engine.lockstep.recording import RecordingBatch
 from engine.lockstep.wire import Channel, FrameError, accept_hello
 
@@ -176,7 +176,7 @@ def _accept_ranks(server: socket.socket, group: Group) -> Dict[int, Channel]:
             slots.release()
 
     channels: Dict[int, Channel] = {}
-    deadline = time.monotonic() + CONNECT_S
+    deadline = time.monotonic() + connect_seconds()
     server.settimeout(0.2)  # also how often the joined queue is read
     while len(channels) < group.size - 1:
         while not joined.empty():
@@ -192,7 +192,7 @@ def _accept_ranks(server: socket.socket, group: Group) -> Dict[int, Channel]:
             for channel in channels.values():
                 channel.close()
             missing = sorted(set(range(1, group.size)) - set(channels))
-            raise SystemExit(f"ranks {missing} did not reach rank 0 within {CONNECT_S:g}s")
+            raise SystemExit(f"ranks {missing} did not reach rank 0 within {connect_seconds():g}s")
         try:
             sock, peer = server.accept()
         except socket.timeout:
