@@ -48,16 +48,12 @@ def prefill_sizes(config, mx) -> PrefillSizes:
     return PrefillSizes(step, budget, max(budget, step * config.prefill_batch_size), backlog)
 
 
-def open_batch(lm, config, stream, mx, disk_bytes: int, speculate: bool, solo_in_batch: bool = False) -> Batch:
+def open_batch(lm, config, stream, mx, disk_bytes: int, speculate: bool) -> Batch:
     """The batch that generates for `lm` (text, or text with image prefill; in the batch or
     solo), wrapped by speculation when the model and the batch allow it and `speculate`
-    (not in lockstep). With `solo_in_batch` (across ranks, where the followers replay only the
-    batch) the solo lane is the text batch taking one request at a time, each prefilled alone."""
+    (not in lockstep)."""
     lane = lm.lane
-    one_at_a_time = lane.solo and solo_in_batch
-    if one_at_a_time:
-        from engine.lanes.text_batch import TextBatch as Kind
-    elif lane.solo and lm.serves.media:
+    if lane.solo and lm.serves.media:
         from engine.lanes.solo_vision import SoloVisionBatch as Kind
     elif lane.solo:
         from engine.lanes.solo import SoloBatch as Kind
@@ -67,9 +63,9 @@ def open_batch(lm, config, stream, mx, disk_bytes: int, speculate: bool, solo_in
         from engine.lanes.text_batch import TextBatch as Kind
     sizes = prefill_sizes(config, mx)
     batch = Kind(
-        lm, max_sequences=1 if one_at_a_time else config.max_sequences,
+        lm, max_sequences=config.max_sequences,
         # A prompt prefilled alone is one no padding reaches (a recurrent state would fold it in).
-        prefill_batch_size=1 if lane.prefill_alone or one_at_a_time else config.prefill_batch_size,
+        prefill_batch_size=1 if lane.prefill_alone else config.prefill_batch_size,
         prefill_step_size=sizes.step_size, backlog_step_size=sizes.backlog_size,
         prompt_cache_bytes=config.prompt_cache_bytes, prompt_cache_entries=config.prompt_cache_entries,
         prompt_cache_disk_bytes=disk_bytes, stream=stream)

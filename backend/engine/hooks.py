@@ -12,7 +12,6 @@ from typing import Optional
 class Hooks:
     speculate = True  # a lone stream may decode speculatively, out of the batch
     disk_tier = True  # the prefix cache may keep entries on disk
-    solo_in_batch = False  # the solo lane is the batch taking one request at a time (across ranks)
 
     def wrap(self, batch, config):
         """The batch the scheduler drives, built around the model's own."""

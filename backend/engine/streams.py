@@ -171,8 +171,7 @@ class Streams:
             budget = self.config.prompt_cache_disk_bytes
             disk = disk_tier.default_disk_bytes(store.PROMPTS.base()) if budget is None else budget
             batch = open_batch(self.model, self.config, self.stream, self.mx,
-                               disk_bytes=disk if self.hooks.disk_tier else 0, speculate=self.hooks.speculate,
-                               solo_in_batch=self.hooks.solo_in_batch)
+                               disk_bytes=disk if self.hooks.disk_tier else 0, speculate=self.hooks.speculate)
             self.batch = self.hooks.wrap(batch, self.config)
         return self.batch
 

@@ -206,12 +206,6 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
         raise ModelLoadError(f"{source}: mlx-lm's module for this model does not import here "
                              f"(it exited with {e.code!r}; its message is in the log)") from None
 
-    # One process serves one request at a time in the solo lane (engine/lane_choice.py); across
-    # ranks only the batch runs, and a cache it cannot merge would fail every request.
-    cache_kind = cache_kinds.unmergeable(model) if shard is not None else None
-    if cache_kind:
-        raise ModelLoadError(f"{source}: {config.get('model_type')} is not served across ranks: its {cache_kind} "
-                             f"KV cache cannot be batched by mlx-lm's BatchGenerator")
     dtype = _choose_dtype(spec.dtype, model)
     # Across ranks, cast and adapted as one process does, all lazily, then split before anything
     # is evaluated: a rank computes only its slice (tensor) or its layers (pipeline); a quantized

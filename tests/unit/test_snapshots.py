@@ -127,6 +127,9 @@ def test_a_prompt_equal_to_a_snapshot_restores_the_longest_one_short_of_it(famil
 
 class _Inner:
     """A text batch that records what it is asked to admit."""
+    from engine.lanes.batch import Capabilities
+
+    capabilities = Capabilities()
 
     def __init__(self):
         self.admitted = []

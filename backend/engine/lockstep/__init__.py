@@ -1,13 +1,14 @@
-"""One model served by several processes (ranks) in lockstep, tensor-parallel.
+"""One model served by several processes (ranks) in lockstep, tensor- or pipeline-parallel.
 
 Started under `mlx.launch --backend ring` (or with the ring backend's
 hostfile environment set by hand), every rank runs backend.py. Rank 0 serves
-gRPC with the ordinary Engine, whose text batch is wrapped so that every call
-that changes it is written to a journal; the other ranks (followers) open no
-port and replay that journal on their own TextBatch, call for call. The model
-is split across ranks with mlx-lm's `shard()`, so each forward pass holds
-collectives (all_sum) that only line up because every rank runs the same
-admit / step sequence. Samplers carry per-request keys (engine/lanes/sampling.py) and the
+gRPC with the ordinary Engine, whose batch (the text batch, or the solo lane's
+generation step) is wrapped so that every call that changes it is written to a
+journal; the other ranks (followers) open no port and replay that journal on
+their own batch of the same kind, call for call. The model is split across
+ranks with mlx-lm's `shard()` or `pipeline()`, so each forward pass holds
+collectives (all_sum; send, recv and all_gather) that only line up because
+every rank runs the same admit / step sequence. Samplers carry per-request keys (engine/lanes/sampling.py) and the
 logits after the all_sum are the same on every rank, so every rank draws the
 same tokens without exchanging them.
 

@@ -1,4 +1,4 @@
-"""The other ranks: load what rank 0 loads, replay its text batch's journal call for call."""
+"""The other ranks: load what rank 0 loads, replay its batch's journal call for call."""
 
 import concurrent.futures
 import gc
@@ -136,13 +136,15 @@ class Follower:
             return
         slot = self.probing if "p" in op else self.served  # a lane check's batch, or the served one
         if kind == "new":
+            from engine.lanes.solo import SoloBatch
             from engine.lanes.text_batch import TextBatch
 
             if "p" in op:  # the model rank 0 checks: loaded on every rank, not yet swapped in
                 with self._pending_lock:
                     slot.lm = self._pending[op["p"]]
-            settings = {k: v for k, v in op.items() if k not in ("k", "p")}
-            slot.text = TextBatch(slot.lm, stream=self.stream, **settings)
+            settings = {k: v for k, v in op.items() if k not in ("k", "p", "lane")}
+            lane = SoloBatch if op["lane"] == "solo" else TextBatch
+            slot.text = lane(slot.lm, stream=self.stream, **settings)
         elif kind == "admit":
             slot.named.clear()
             _, _, first = slot.text.admit(
@@ -154,7 +156,7 @@ class Follower:
         elif kind == "step":
             slot.named.clear()
             for r in slot.text.step():
-                if r.prompt_cache is not None:
+                if getattr(r, "prompt_cache", None) is not None:  # a Failed response has none
                     slot.named[("s", r.uid)] = (r.prompt_cache, r.all_tokens)
         elif kind == "remove":
             for uid, (cache, tokens) in slot.text.remove(op["uids"], keep_cache=op["keep"]).items():
@@ -182,7 +184,7 @@ class Follower:
 
 
 class _Slot:
-    """A model, the TextBatch replaying rank 0's for it, and the caches its last calls gave."""
+    """A model, the batch (TextBatch or SoloBatch) replaying rank 0's for it, and the caches its last calls gave."""
 
     def __init__(self):
         self.lm = None

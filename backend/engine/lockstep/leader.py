@@ -219,18 +219,22 @@ def _close_joined(joined: "queue.SimpleQueue") -> None:
 
 
 def _settings(batch, config) -> dict:
-    """What a follower builds its TextBatch with: the very settings of rank 0's (a lane may run
-    fewer rows or prefill alone: batch_factory.py), so every rank makes the same calls."""
-    return {"max_sequences": batch.max_sequences, "prefill_batch_size": batch.prefill_batch_size,
-            "prefill_step_size": batch.prefill_step_size, "backlog_step_size": batch.backlog_step_size,
-            "prompt_cache_bytes": config.prompt_cache_bytes, "prompt_cache_entries": config.prompt_cache_entries}
+    """What a follower builds its batch with: the lane's kind (the text batch, or the solo
+    lane's generation step) and the very settings of rank 0's (a lane may run fewer rows or
+    prefill alone: batch_factory.py), so every rank makes the same calls."""
+    from engine.lanes.solo import SoloBatch
+
+    cache = {"prompt_cache_bytes": config.prompt_cache_bytes, "prompt_cache_entries": config.prompt_cache_entries}
+    if isinstance(batch, SoloBatch):
+        return {"lane": "solo", "prefill_step_size": batch.prefill_step_size, **cache}
+    return {"lane": "batch", "max_sequences": batch.max_sequences, "prefill_batch_size": batch.prefill_batch_size,
+            "prefill_step_size": batch.prefill_step_size, "backlog_step_size": batch.backlog_step_size, **cache}
 
 
 class LockstepHooks(Hooks):
     """What rank 0's engine does differently: the same decisions, its text batch journaled."""
     speculate = False  # a speculating stream runs outside the batch the followers replay
     disk_tier = False  # a hit here that the followers' replay misses would part the ranks
-    solo_in_batch = True  # the followers replay the text batch only
 
     def __init__(self, group: Group, leader: Leader):
         self.group = group
@@ -284,7 +288,6 @@ class ProbeHooks(Hooks):
     runs on every rank's shard at once (lane_choice.py, on rank 0's engine thread)."""
     speculate = False
     disk_tier = False
-    solo_in_batch = True
 
     def __init__(self, leader: Leader, load_id: int):
         self.leader = leader

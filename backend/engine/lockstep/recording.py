@@ -1,4 +1,4 @@
-"""Rank 0's batch: the engine's TextBatch, every call that changes it journaled to the followers."""
+"""Rank 0's batch: the engine's TextBatch or solo lane, every call that changes it journaled to the followers."""
 
 import logging
 from typing import Dict, List, Optional
@@ -11,7 +11,7 @@ log = logging.getLogger("mlx-backend.lockstep")
 
 
 class RecordingBatch:
-    """The engine's TextBatch on rank 0, journaling every call that changes it.
+    """The engine's TextBatch (or SoloBatch) on rank 0, journaling every call that changes it.
 
     Calls that run the model (admit, step) send the journal, themselves last,
     before they run here, so the followers run the same call at the same time.
@@ -19,10 +19,11 @@ class RecordingBatch:
     (a step, an admission, a removal), since each rank holds its own.
     """
 
-    capabilities = Capabilities()  # nothing runs apart from the journal: no speculation, no shared prefix
-
     def __init__(self, inner, leader, settings: dict, probe: Optional[int] = None):
         self.inner = inner
+        # Nothing runs apart from the journal (no speculation, no forward work reading the prefix
+        # cache); the solo lane still runs one request at a time.
+        self.capabilities = Capabilities(max_running=inner.capabilities.max_running)
         self.leader = leader
         # A lane check's batch (`probe`: the load id of the model it runs) is replayed in the
         # followers' probe slot: every op it journals says so.
@@ -72,7 +73,7 @@ class RecordingBatch:
     def step(self):
         responses = self._run({"k": "step"}, self.inner.step)
         for r in responses:
-            self._name(r.prompt_cache, ["s", r.uid])
+            self._name(getattr(r, "prompt_cache", None), ["s", r.uid])  # a Failed response has none
         return responses
 
     def remove(self, uids, keep_cache=False):
