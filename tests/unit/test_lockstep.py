@@ -216,8 +216,14 @@ def test_the_tensor_split_check(dims, named):
 class _Piped:
     """A model as mlx-lm's pipelined families hold one: `model.model.pipeline` over `layers`."""
 
-    def __init__(self, layers: int, shard: bool = True):
-        self.model = type("Inner", (), {"layers": [None] * layers, "pipeline": lambda *a: None})()
+    def __init__(self, layers: int, shard: bool = True, takes_split: bool = True):
+        def pipeline(self, group, split=None):
+            pass
+
+        def even(self, group):  # kimi_k3's: no split
+            pass
+
+        self.model = type("Inner", (), {"layers": [None] * layers, "pipeline": pipeline if takes_split else even})()
         if shard:
             self.shard = lambda g: None
 
@@ -255,6 +261,13 @@ def test_the_mode_is_chosen_by_the_option_the_hosts_and_what_divides(case, want)
     with pytest.raises(ModelLoadError) as e:
         group.choose_mode(_Piped(layers), config, _group(n, hosts), wanted, split)
     assert want in str(e.value)
+
+
+def test_a_split_is_refused_where_the_library_spreads_the_layers_itself():
+    with pytest.raises(ModelLoadError) as e:
+        group.choose_mode(_Piped(4, takes_split=False), dict(CONFIG), _group(2), "pipeline", (3, 1))
+    assert "takes no pipeline_split" in str(e.value)
+    assert group.choose_mode(_Piped(4, takes_split=False), dict(CONFIG), _group(2), "pipeline") == "pipeline"
 
 
 def test_an_architecture_without_either_is_refused_with_both_reasons():

@@ -149,10 +149,18 @@ def pipeline_obstacle(model, n: int, split: Optional[Sequence[int]]) -> Optional
     layers = len(inner.layers)
     if split is None:
         return None if layers >= n else f"its {layers} layers cannot give each of {n} ranks one"
+    if not _takes_split(inner.pipeline):
+        return "mlx-lm's pipeline for this architecture takes no pipeline_split (it spreads the layers evenly)"
     if len(split) != n or sum(split) != layers:
         return (f"pipeline_split {','.join(map(str, split))} must give each of the {n} ranks a positive "
                 f"number of layers, {layers} in all")
     return None
+
+
+def _takes_split(pipeline) -> bool:
+    import inspect
+
+    return "split" in inspect.signature(pipeline).parameters
 
 
 def one_machine(group: "Group") -> bool:
@@ -210,8 +218,10 @@ class Sharder:
         kind = config.get("model_type")
         whole = _cache_facts(model)
         try:
-            if self.mode == "pipeline":
-                model.model.pipeline(self.group.mx_group, list(self.split) if self.split else None)
+            if self.mode == "pipeline" and self.split:
+                model.model.pipeline(self.group.mx_group, list(self.split))
+            elif self.mode == "pipeline":  # as mlx-lm's sharded_load calls it (kimi_k3's takes no split)
+                model.model.pipeline(self.group.mx_group)
             else:
                 model.shard(self.group.mx_group)
         except (ValueError, AssertionError) as e:  # the library's own reason
