@@ -3,7 +3,7 @@ PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 ADDR ?= 127.0.0.1:50051
 
-.PHONY: install install-test protogen serve serve-distributed demo smoke unit e2e test families-doc bench bench-adapt bench-vision bench-audio bench-spec bench-distributed bench-embed bench-peers soak localai-backend package clean
+.PHONY: install install-test protogen serve serve-distributed demo smoke unit e2e test families-doc group-families bench bench-adapt bench-vision bench-audio bench-spec bench-distributed bench-embed bench-peers soak localai-backend package clean
 
 install:
 	./install.sh
@@ -50,6 +50,11 @@ families-doc: install-test
 	rm -rf $(ZOO_RESULTS)
 	ZOO_FULL_TOWERS=1 ZOO_RESULTS_DIR=$(abspath $(ZOO_RESULTS)) $(PYTEST) -q -rs $(wildcard tests/e2e/test_e2e_zoo_*.py); \
 	status=$$?; $(PY) tests/zoo/families_doc.py $(ZOO_RESULTS) docs/model-families.md && exit $$status
+
+# Every family mlx-lm can divide over 2 and 3 ranks, tensor and pipeline (`make test` runs all but
+# most 3-rank tensor cases, the slowest on 2 cores: tests/e2e/test_e2e_group_zoo.py says which).
+group-families: install-test
+	GROUP_FULL=1 $(PYTEST) -q tests/e2e/test_e2e_group_zoo.py --durations=10
 
 # BENCH=prefix: only the prefix-cache scenarios (tests/bench/bench_prefix.py, ~10 min); BENCH=all: both.
 BENCH ?= main

@@ -10,7 +10,7 @@ token, so a comparison ends there), `trimmable`: whether the library's cache
 of prompt + reply can be cut back;
 "score": per candidate, its log-probability after the prompt from one plain
 forward pass of the model over prompt + candidate, "cache_kinds": the classes
-of the model's prompt cache}. Nothing of the backend is imported; the process
+of the model's prompt cache, "divides": the ways mlx-lm can split it over ranks}. Nothing of the backend is imported; the process
 computes with the BLAS the server preloads (server_blas_env).
 
 With --lines it answers one JSON line per job as each is done, a job whose
@@ -210,7 +210,14 @@ def answer(spec: dict) -> dict:
     model, tokenizer = load(spec["model"])
     return {"greedy": [greedy(model, tokenizer, p, spec["max_tokens"]) for p in spec["prompts"]],
             "score": [[score(model, tokenizer, p, c) for c in cands] for p, cands in spec["score"]],
-            "cache_kinds": cache_kinds(model)}
+            "cache_kinds": cache_kinds(model), "divides": divides(model)}
+
+
+def divides(model) -> list:
+    """How mlx-lm can split the model over ranks, asked as its own `sharded_load` asks: "tensor"
+    where the model has `shard()`, "pipeline" where its inner model has `pipeline()`."""
+    return ((["tensor"] if hasattr(model, "shard") else [])
+            + (["pipeline"] if hasattr(getattr(model, "model", None), "pipeline") else []))
 
 
 def _answer_or_error(spec: dict) -> dict:

@@ -86,13 +86,16 @@ def _import(family: str):
         raise LibraryCannot(f"mlx-lm's module does not import here: {said}") from None
 
 
-def build(family: str, root: Path = None) -> Built:
-    """The family's tiny model directory, built once (seeded: the same weights every time)."""
+def build(family: str, root: Path = None, configs: str = "text_configs") -> Built:
+    """The family's tiny model directory, built once (seeded: the same weights every time);
+    `configs`: the zoo's module whose config_of gives the config (group_configs: one that divides
+    over ranks)."""
     root = Path(root) if root is not None else default_root()
     tokenizer = tokenizer_dir(root)
     try:
         _import(family)
-        cfg = dict(text_configs.config_of(family, _n_tokens(tokenizer)), eos_token_id=_eos_id(tokenizer))
+        shrink = importlib.import_module(f"zoo.{configs}").config_of
+        cfg = dict(shrink(family, _n_tokens(tokenizer)), eos_token_id=_eos_id(tokenizer))
     except LibraryCannot as e:
         return _unrunnable(family, {"model_type": family}, tokenizer, root, str(e), constructible=False)
     except Exception as e:
@@ -204,7 +207,7 @@ def _probe_ids(tokenizer: Path) -> list:
     return Tokenizer.from_file(str(tokenizer / "tokenizer.json")).encode(PROBE).ids
 
 
-def build_all(families=None, root: Path = None) -> list:
+def build_all(families=None, root: Path = None, configs: str = "text_configs") -> list:
     """Built for each family (default: every family mlx-lm ships), in order.
 
     Built in worker processes, not this one: a family whose forward pass crashes the process
@@ -214,19 +217,20 @@ def build_all(families=None, root: Path = None) -> list:
     nothing changed starts no worker at all."""
     families = list(families or text_families.families())
     root = Path(root) if root is not None else default_root()
-    manifest = root / f"manifest-{_digest([BUILD_VERSION, text_families.version(), _sources()])}.json"
+    manifest = root / f"manifest-{_digest([BUILD_VERSION, text_families.version(), _sources(configs)])}.json"
     known = _read(manifest)
     missing = [f for f in families if f not in known or not _usable(known[f])]
     if missing:
-        known.update(_in_workers(missing, root))
+        known.update(_in_workers(missing, root, configs))
         _write(manifest, known)
     return [Built(**known[f]) for f in families]
 
 
-def _sources() -> list:
+def _sources(configs: str = "text_configs") -> list:
     here = Path(__file__).parent
     return [(here / name).read_text()
-            for name in ("text_builder.py", "text_configs.py", "tiny_tokenizer.py", "conditioning.py")]
+            for name in dict.fromkeys(("text_builder.py", "text_configs.py", f"{configs}.py", "tiny_tokenizer.py",
+                                       "conditioning.py"))]
 
 
 def _usable(entry: dict) -> bool:
@@ -247,7 +251,7 @@ def _write(manifest: Path, known: dict) -> None:
     os.replace(tmp, manifest)
 
 
-def _in_workers(families: list, root: Path) -> dict:
+def _in_workers(families: list, root: Path, configs: str = "text_configs") -> dict:
     """{family: Built as a dict}, built by `python text_builder.py --worker`; when a worker dies,
     the family it was building is the one that killed it, and a new worker takes the rest."""
     import signal
@@ -255,7 +259,7 @@ def _in_workers(families: list, root: Path) -> dict:
 
     done, pending = {}, list(families)
     while pending:
-        proc = subprocess.Popen([sys.executable, __file__, "--worker", str(root), *pending],
+        proc = subprocess.Popen([sys.executable, __file__, "--worker", str(root), configs, *pending],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         out, err = proc.communicate(timeout=3600)
         for line in out.splitlines():
@@ -280,8 +284,8 @@ def _in_workers(families: list, root: Path) -> dict:
 if __name__ == "__main__":  # python tests/zoo/text_builder.py [family...]: build them, one JSON line each
     logging.basicConfig(level=logging.WARNING)
     if sys.argv[1:2] == ["--worker"]:
-        for family in sys.argv[3:]:
-            print(json.dumps(asdict(build(family, Path(sys.argv[2])))), flush=True)
+        for family in sys.argv[4:]:
+            print(json.dumps(asdict(build(family, Path(sys.argv[2]), sys.argv[3]))), flush=True)
     else:
         for b in build_all(sys.argv[1:] or None):
             print(json.dumps(asdict(b)))
