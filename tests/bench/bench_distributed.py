@@ -203,6 +203,7 @@ def first_chunk(stub, opts) -> dict:
     for last in stub.PredictStream(opts, timeout=3600):
         if ttft is None and (last.message or last.tokens):
             ttft = time.perf_counter() - start
+    ttft = ttft if ttft is not None else time.perf_counter() - start  # nothing streamed before the end
     # The first token is timed as prompt processing: the decode rate counts the others.
     return {"tps": (last.tokens - 1) * 1000.0 / last.timing_token_generation, "ttft_ms": ttft * 1000,
             "prompt_tokens": last.prompt_tokens}
@@ -253,7 +254,10 @@ def ours(path: str, ranks: int, mode: str, tokens: int, workdir: Path) -> dict:
 
 def measure(path: str, ranks: int, mode: str, tokens: int, workdir: Path) -> dict:
     print(f"... {ranks} rank(s) {mode}", file=sys.stderr, flush=True)
-    o = ours(path, ranks, mode, tokens, workdir)
+    try:
+        o = ours(path, ranks, mode, tokens, workdir)
+    except Exception as e:  # a group that fails mid-run is a row that says so; the others still run
+        o = {"refused": f"failed: {e!r}"[:300]}
     # A model the server refuses to divide is not run raw either: mlx-lm would divide it wrongly.
     r = raw(path, ranks, mode, tokens, workdir) if "refused" not in o else {}
     return {"ranks": ranks, "mode": mode, "ours": o, "raw": r}
@@ -298,8 +302,11 @@ def comm_table(rows: List[dict]) -> List[str]:
 
 
 def memory_table(rows: List[dict]) -> List[str]:
-    ours_one, raw_one = rows[0]["ours"]["memory"][0], rows[0]["raw"]["memory"][0]
-    weights_one, layers_one = rows[0]["raw"]["weights"][0], rows[0]["raw"]["layers"][0]
+    def one(side: str, key: str) -> Optional[int]:
+        return rows[0][side].get(key, [None])[0]
+
+    ours_one, raw_one, weights_one, layers_one = (one("ours", "memory"), one("raw", "memory"),
+                                                  one("raw", "weights"), one("raw", "layers"))
     lines = ["| ranks | mode | ours active MB per rank (of 1 rank) | raw active MB per rank (of 1 rank) "
              "| weights held MB per rank (of 1 rank) | of which layers, MB (of 1 rank) |", "|---|---|---|---|---|---|"]
     for row in rows:
