@@ -102,16 +102,43 @@ def pipeline_step(x):
         x = mx.distributed.send(x, rank - 1, group=group)
     return mx.distributed.all_gather(x, group=group)[: x.shape[0]]
 
-comm_s = 0.0
+def sent_so_far():
+    # Bytes and data segments out over this process's TCP sockets (the ring's, the only ones
+    # here), from Linux's tcp_info (tcpi_data_segs_out at offset 156, tcpi_bytes_sent at 200);
+    # None where the kernel does not say.
+    import socket, struct
+    total = [0, 0]
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            s = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:  # closed meanwhile (the listing's own)
+            continue
+        try:
+            if s.type == socket.SOCK_STREAM and s.family in (socket.AF_INET, socket.AF_INET6):
+                info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 208)
+                if len(info) < 208:
+                    return None
+                total[0] += struct.unpack_from("<Q", info, 200)[0]
+                total[1] += struct.unpack_from("<I", info, 156)[0]
+        finally:
+            s.close()
+    return total
+
+comm_s, sent = 0.0, None
 if size > 1:
     step = tensor_step if cfg["mode"] == "tensor" else pipeline_step
     x = mx.zeros((1, 1, hidden), dtype=dtype)
     for _ in range(10):
         mx.eval(step(x))
-    start = time.perf_counter()
+    before, start = sent_so_far(), time.perf_counter()
     for _ in range(cfg["comm_steps"]):
         mx.eval(step(x))
     comm_s = (time.perf_counter() - start) / cfg["comm_steps"]
+    after = sent_so_far()
+    if before is not None and after is not None:
+        sent = [(a - b) / cfg["comm_steps"] for a, b in zip(after, before)]
 sampler = make_sampler(0.0)
 for _ in stream_generate(model, tok, cfg["warm"], max_tokens=4, sampler=sampler):
     pass
@@ -120,7 +147,7 @@ ttft, last = None, None
 for last in stream_generate(model, tok, cfg["prompt"], max_tokens=cfg["tokens"], sampler=sampler):
     ttft = ttft if ttft is not None else time.perf_counter() - start
 print("RESULT " + json.dumps({"rank": rank, "tps": last.generation_tps, "ttft_s": ttft,
-      "prompt_tokens": last.prompt_tokens, "comm_s": comm_s, "active": active, "weights": weights,
+      "prompt_tokens": last.prompt_tokens, "comm_s": comm_s, "sent": sent, "active": active, "weights": weights,
       "layers": layers, "itemsize": dtype.size}), flush=True)
 '''
 
@@ -191,7 +218,8 @@ def raw(path: str, ranks: int, mode: str, tokens: int, workdir: Path) -> dict:
     results.sort(key=lambda r: r["rank"])
     first = results[0]
     return {"tps": first["tps"], "ttft_ms": first["ttft_s"] * 1000, "prompt_tokens": first["prompt_tokens"],
-            "comm_ms": max(r["comm_s"] for r in results) * 1000, "itemsize": first["itemsize"],
+            "comm_ms": max(r["comm_s"] for r in results) * 1000,
+            "sent": [r["sent"] for r in results], "itemsize": first["itemsize"],
             "memory": [r["active"] for r in results], "weights": [r["weights"] for r in results],
             "layers": [r["layers"] for r in results]}
 
@@ -284,11 +312,19 @@ def speed_table(rows: List[dict]) -> List[str]:
     return lines
 
 
+def counted(sent: Optional[List[Optional[List[float]]]]) -> str:
+    """What the kernel saw each rank send per step (tcp_info), rank 0 first."""
+    if not sent or any(s is None for s in sent):
+        return "-"
+    return ", ".join(f"{b:.0f} B / {n:.0f}" for b, n in sent)
+
+
 def comm_table(rows: List[dict]) -> List[str]:
     head = " | ".join(f"{name} ms (max tok/s)" for name, _, _ in LINKS)
-    lines = [f"| ranks | mode | messages in a row | bytes sent per rank | loopback ms, measured | {head} "
+    lines = [f"| ranks | mode | messages in a row | bytes sent per rank | kernel's count: bytes, segments "
+             f"per rank | loopback ms, measured | {head} "
              f"| prefill of the TTFT prompt: bytes per rank ({LINKS[0][0]} ms) |",
-             "|---|---|---|---|---|" + "---|" * (len(LINKS) + 1)]
+             "|---|---|---|---|---|---|" + "---|" * (len(LINKS) + 1)]
     for row in rows:
         t = row.get("traffic")
         if not t:
@@ -296,7 +332,7 @@ def comm_table(rows: List[dict]) -> List[str]:
         links = " | ".join(f"{link_ms(t, bw, lat):.2f} ({1000 / link_ms(t, bw, lat):.0f})" for _, bw, lat in LINKS)
         p = row["prefill_traffic"]
         lines.append(f"| {row['ranks']} | {row['mode']} | {t['in_row']} x {t['message_bytes']} B "
-                     f"| {t['rank_bytes']} | {row['raw']['comm_ms']:.2f} | {links} "
+                     f"| {t['rank_bytes']} | {counted(row['raw']['sent'])} | {row['raw']['comm_ms']:.2f} | {links} "
                      f"| {p['rank_bytes']} ({link_ms(p, *LINKS[0][1:]):.1f}) |")
     return lines
 
@@ -327,12 +363,13 @@ def report(args, rows: List[dict], dims: Dict[str, int], itemsize: int) -> None:
           f"(client side), raw to the first token of stream_generate; 3 streams: {len(STREAMS)} requests at once, "
           f"all tokens over the wall time\n")
     print("\n".join(speed_table(rows)) + "\n")
-    print(f"Communication in one decode step of one stream (activations of {itemsize} bytes; with B streams in "
-          "the batch each message is B times larger). Loopback: the collectives of these shapes timed alone, slowest rank. "
-          "Links: assumed " + ", ".join(f"{name} {bw / 1e6:.0f} MB/s and {lat * 1e3:.2f} ms per message"
-                                        for name, bw, lat in LINKS)
-          + "; ms = messages in a row x (latency + message / bandwidth); max tok/s: the link alone. "
-          "Ours adds one control frame from rank 0 per step, not counted here.\n")
+    links = ", ".join(f"{name} {bw / 1e6:.0f} MB/s and {lat * 1e3:.2f} ms per message" for name, bw, lat in LINKS)
+    print(f"Communication in one decode step of one stream (activations of {itemsize} bytes; with B streams in the "
+          "batch each message is B times larger). Bytes per rank: worked out for the busiest rank; the kernel's "
+          "count: what each rank's ring sockets sent per step while the collectives ran alone (tcp_info), rank 0 "
+          "first. Loopback: those collectives timed, slowest rank. Links: assumed " + links + "; ms = messages in "
+          "a row x (latency + message / bandwidth); max tok/s: the link alone. Ours adds one control frame from "
+          "rank 0 per step, not counted here.\n")
     print("\n".join(comm_table(rows)) + "\n")
     print("Resident memory after load: ours from Status (rank 0's active, rank<N>_active), raw "
           "mx.get_active_memory; weights held: the bytes of each rank's parameters (raw). The embeddings and "
