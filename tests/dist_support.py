@@ -57,6 +57,45 @@ def tiny_llama_dir(target: Path, heads: int = 4, kv_heads: int = 2, seed: int = 
     return str(target)
 
 
+def tiny_model_dir(target: Path, family: str = "qwen2", hidden: int = 192, layers: int = 6,
+                   intermediate: int = 768, heads: int = 6, kv_heads: int = 6, seed: int = 0) -> str:
+    """A random-weight model of any shape (tiny_llama_dir's, whose width 64 and 2 layers do not
+    divide by 3): the defaults divide by 2 and 3 in both modes (heads, KV heads and MLP width
+    for tensor parallelism, layers for the pipeline), and the layers weigh enough next to the
+    embeddings and head (whole on every rank) that a rank's share of the weights shows."""
+    import importlib
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from loaders.gguf_loader import gguf_to_mlx_dir
+    from loaders.model_loader import embedded_default
+
+    if (target / "model.safetensors").exists():
+        return str(target)
+    src = gguf_to_mlx_dir(embedded_default())
+    tmp = target.with_name(target.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    config = {"model_type": family, "hidden_size": hidden, "num_hidden_layers": layers,
+              "intermediate_size": intermediate, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+              "rms_norm_eps": 1e-5, "vocab_size": 49152, "rope_theta": 10000.0, "max_position_embeddings": 2048,
+              "tie_word_embeddings": False, "eos_token_id": [2]}
+    mx.random.seed(seed)
+    module = importlib.import_module(f"mlx_lm.models.{family}")
+    model = module.Model(module.ModelArgs.from_dict(config))
+    # Logits far apart, as in tiny_llama_dir: greedy text without near-ties.
+    model.lm_head.weight = mx.random.normal(model.lm_head.weight.shape) * 0.5
+    mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (tmp / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (src / name).exists():
+            shutil.copy(src / name, tmp / name)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    return str(target)
+
+
 def hostfile(path: Path, ips: List[str]) -> str:
     path.write_text(json.dumps([[f"{ip}:{free_port()}"] for ip in ips]))
     return str(path)
