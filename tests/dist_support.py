@@ -24,43 +24,14 @@ def tiny_llama_dir(target: Path, heads: int = 4, kv_heads: int = 2, seed: int = 
     """A random-weight llama (2 layers, width 64) with SmolLM2's tokenizer and chat template;
     with `family` "qwen2" the same shape as mlx-lm's qwen2, which it divides both ways (tensor
     and pipeline parallel)."""
-    import importlib
-
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
-
-    from loaders.gguf_loader import gguf_to_mlx_dir
-    from loaders.model_loader import embedded_default
-
-    if (target / "model.safetensors").exists():
-        return str(target)
-    src = gguf_to_mlx_dir(embedded_default())
-    tmp = target.with_name(target.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    config = {"model_type": family, "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-              "num_attention_heads": heads, "num_key_value_heads": kv_heads, "rms_norm_eps": 1e-5,
-              "vocab_size": 49152, "rope_theta": 10000.0, "max_position_embeddings": 2048,
-              "tie_word_embeddings": False, "eos_token_id": [2]}
-    mx.random.seed(seed)
-    module = importlib.import_module(f"mlx_lm.models.{family}")
-    model = module.Model(module.ModelArgs.from_dict(config))
-    # A head of its own and wide weights: varied text, and logits far apart (no near-ties for greedy).
-    model.lm_head.weight = mx.random.normal(model.lm_head.weight.shape) * 0.5
-    mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    (tmp / "config.json").write_text(json.dumps(config))
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        if (src / name).exists():
-            shutil.copy(src / name, tmp / name)
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
-    return str(target)
+    return tiny_model_dir(target, family, hidden=64, layers=2, intermediate=128, heads=heads, kv_heads=kv_heads,
+                          seed=seed)
 
 
 def tiny_model_dir(target: Path, family: str = "qwen2", hidden: int = 192, layers: int = 6,
                    intermediate: int = 768, heads: int = 6, kv_heads: int = 6, seed: int = 0) -> str:
-    """A random-weight model of any shape (tiny_llama_dir's, whose width 64 and 2 layers do not
-    divide by 3): the defaults divide by 2 and 3 in both modes (heads, KV heads and MLP width
+    """A random-weight model of mlx-lm's `family` with SmolLM2's tokenizer and chat template: the
+    defaults divide by 2 and 3 in both modes (heads, KV heads and MLP width
     for tensor parallelism, layers for the pipeline), and the layers weigh enough next to the
     embeddings and head (whole on every rank) that a rank's share of the weights shows."""
     import importlib
@@ -84,7 +55,7 @@ def tiny_model_dir(target: Path, family: str = "qwen2", hidden: int = 192, layer
     mx.random.seed(seed)
     module = importlib.import_module(f"mlx_lm.models.{family}")
     model = module.Model(module.ModelArgs.from_dict(config))
-    # Logits far apart, as in tiny_llama_dir: greedy text without near-ties.
+    # A head of its own and wide weights: varied text, and logits far apart (no near-ties for greedy).
     model.lm_head.weight = mx.random.normal(model.lm_head.weight.shape) * 0.5
     mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
     (tmp / "config.json").write_text(json.dumps(config))
