@@ -306,3 +306,47 @@ def test_a_trickling_hello_is_cut_off_at_the_handshake_bound():
         t.join()
         a.close()
         b.close()
+
+
+class _Share:
+    """A rank's share of a prefix-cache entry: only its size matters to the store's bounds."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+
+    def is_trimmable(self) -> bool:
+        return False
+
+
+def _keys(store) -> list:
+    return sorted((kind, tuple(tokens)) for kind, lru in store._lru._lrus.items() for _, tokens in lru)
+
+
+_entries = st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=6),  # its tokens
+                              st.integers(1, 100), st.integers(1, 100),  # rank 0's bytes, the follower's
+                              st.sampled_from(["assistant", "user", "system"])), max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(entries=_entries, max_size=st.integers(1, 5), max_bytes=st.integers(50, 300))
+def test_every_rank_keeps_the_prefixes_rank_0_keeps_whatever_their_shares_weigh(entries, max_size, max_bytes):
+    """In a pipeline each rank holds other layers of an entry, so its bytes differ from rank 0's:
+    a follower's store has no bounds of its own and evicts what rank 0's journal says rank 0's
+    bounds evicted. After every insert both hold the same keys, and every prompt finds the same
+    cached prefix on both (a different one would make the ranks run different passes)."""
+    from engine.lockstep.leader import UNBOUNDED
+    from engine.prefix.prompt_store import PromptStore
+
+    rank0 = PromptStore(max_size=max_size, max_bytes=max_bytes)
+    rank0.dropped = []
+    follower = PromptStore(max_size=UNBOUNDED, max_bytes=UNBOUNDED)
+    for tokens, mine, theirs, kind in entries:
+        for probe in (tokens, tokens[:-1] + [9]):
+            assert len(rank0.fetch_nearest_cache(1, probe)[1]) == len(follower.fetch_nearest_cache(1, probe)[1])
+        rank0.insert_cache(1, tokens, [_Share(mine)], cache_type=kind)
+        follower.insert_cache(1, tokens, [_Share(theirs)], cache_type=kind)
+        for key in rank0.dropped:  # as the journal's "drop" carries it
+            follower.drop(1, key)
+        rank0.dropped = []
+        assert _keys(follower) == _keys(rank0)
+        assert len(rank0) <= max_size and rank0.nbytes <= max(max_bytes, mine)

@@ -164,6 +164,9 @@ class Follower:
         elif kind == "save":
             cache, tokens = slot.named.get(tuple(op["from"]), (None, None))
             slot.text.save(tokens, cache)
+        elif kind == "drop":  # what rank 0's prefix-cache bounds evicted
+            for tokens in op["keys"]:
+                slot.text.cache.drop(slot.lm.epoch, tokens)
         elif kind == "close":
             slot.close()
             if "p" in op:

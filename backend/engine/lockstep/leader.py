@@ -218,13 +218,19 @@ def _close_joined(joined: "queue.SimpleQueue") -> None:
         channel.close()
 
 
+UNBOUNDED = 1 << 62
+
+
 def _settings(batch, config) -> dict:
     """What a follower builds its batch with: the lane's kind (the text batch, or the solo
     lane's generation step) and the very settings of rank 0's (a lane may run fewer rows or
     prefill alone: batch_factory.py), so every rank makes the same calls."""
     from engine.lanes.solo import SoloBatch
 
-    cache = {"prompt_cache_bytes": config.prompt_cache_bytes, "prompt_cache_entries": config.prompt_cache_entries}
+    # A follower's prefix cache has no bounds of its own: it evicts what rank 0's evicts (the
+    # journal's "drop"), since in a pipeline each rank's share of an entry weighs other bytes and
+    # bounds of its own would keep other entries, and a prompt would start from another prefix.
+    cache = {"prompt_cache_bytes": UNBOUNDED, "prompt_cache_entries": UNBOUNDED}
     if isinstance(batch, SoloBatch):
         return {"lane": "solo", "prefill_step_size": batch.prefill_step_size, **cache}
     return {"lane": "batch", "max_sequences": batch.max_sequences, "prefill_batch_size": batch.prefill_batch_size,

@@ -31,6 +31,9 @@ class RecordingBatch:
         self.journal: List[dict] = []
         self._append({"k": "new", **settings})
         self._names: Dict[int, tuple] = {}  # id(cache) -> (name, cache), until the next model call
+        self._store = getattr(inner, "cache", None)  # its prefix cache: what its bounds evict is journaled
+        if self._store is not None:
+            self._store.dropped = []
 
     def _append(self, op: dict) -> None:
         self.journal.append({**op, **self._tag})
@@ -45,6 +48,15 @@ class RecordingBatch:
             if self.leader.lost or "[ring]" in str(e):
                 raise GroupLost(self.leader.lost or str(e)) from e
             raise
+        finally:
+            self._dropped()
+
+    def _dropped(self) -> None:
+        """Journal what the prefix cache's bounds just evicted: the followers evict the same
+        entries before their next call, so every rank starts each prompt from the same prefix."""
+        if self._store is not None and self._store.dropped:
+            keys, self._store.dropped = self._store.dropped, []
+            self._append({"k": "drop", "keys": keys})
 
     def flush(self) -> None:
         if self.journal:
@@ -102,6 +114,7 @@ class RecordingBatch:
         if tokens:
             self._append({"k": "save", "from": named[0]})
         self.inner.save(tokens, cache)
+        self._dropped()
 
     def close(self):
         self._append({"k": "close"})

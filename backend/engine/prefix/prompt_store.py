@@ -51,6 +51,9 @@ class PromptStore(LRUPromptCache):
         self.hits = {"memory": 0, "disk": 0}
         self.tokens_saved = 0
         self.source = "memory"  # where the last fetch's cache came from
+        # Rank 0 of a group: the token keys its bounds evicted, for the other ranks to evict too
+        # (engine/lockstep/recording.py); None: not noted.
+        self.dropped: Optional[List[List[int]]] = None
 
     def fetch_nearest_cache(self, model, tokens):
         cache, rest = super().fetch_nearest_cache(model, tokens)
@@ -116,9 +119,25 @@ class PromptStore(LRUPromptCache):
         super().trim_to(n_sequences=n_sequences, n_bytes=n_bytes)
         self._spill()
 
+    def drop(self, model, tokens: List[int]) -> None:
+        """Evict the entry of `tokens` (if held) as another store evicted it: a follower's store
+        has no bounds of its own and evicts what rank 0's bounds evicted, so both hold the same
+        keys whatever the bytes each rank's share of an entry weighs."""
+        try:
+            entry = self._trie.pop(model, tokens)
+        except KeyError:
+            return
+        finally:
+            self._trie.evicted = []
+        self._lru.remove(model, tokens)
+        self._n_bytes -= entry.nbytes
+        self._n_bytes_by_type[entry.cache_type] -= entry.nbytes
+
     def _spill(self) -> None:
-        """What memory just evicted goes to disk."""
+        """What memory just evicted goes to disk (and, on rank 0 of a group, to the other ranks)."""
         evicted, self._trie.evicted = self._trie.evicted, []
+        if self.dropped is not None:
+            self.dropped += [list(tokens) for _, tokens, _ in evicted]
         if self.disk is None:
             return
         for _, tokens, entry in evicted:
