@@ -130,7 +130,6 @@ def load(spec: LoadSpec, shard=None) -> LoadedModel:
     from mlx_lm import load as mlx_lm_load
 
     from loaders import adapters
-    from loaders import cache_kinds
     from loaders import cross_encoder
     from loaders import embed_loader
     from loaders import vision_route

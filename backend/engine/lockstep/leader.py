@@ -238,7 +238,7 @@ def _settings(batch, config) -> dict:
 
 
 class LockstepHooks(Hooks):
-    """What rank 0's engine does differently: the same decisions, its text batch journaled."""
+    """What rank 0's engine does differently: the same decisions, its batch journaled."""
     speculate = False  # a speculating stream runs outside the batch the followers replay
     disk_tier = False  # a hit here that the followers' replay misses would part the ranks
 
